@@ -1,0 +1,33 @@
+"""bertlab: a complete BERT in PyTorch, exact to the reference, readable, fast."""
+
+from .checkpoint import LoadingInfo, bundled_model_dir, read_state_dict
+from .config import BertConfig
+from .model import (
+    BertForMaskedLM,
+    BertForMultipleChoice,
+    BertForNextSentencePrediction,
+    BertForPreTraining,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+    BertModel,
+    BertPreTrainedModel,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BertConfig",
+    "BertModel",
+    "BertPreTrainedModel",
+    "BertForPreTraining",
+    "BertForMaskedLM",
+    "BertForNextSentencePrediction",
+    "BertForSequenceClassification",
+    "BertForTokenClassification",
+    "BertForQuestionAnswering",
+    "BertForMultipleChoice",
+    "LoadingInfo",
+    "bundled_model_dir",
+    "read_state_dict",
+]

@@ -1,0 +1,809 @@
+"""The BERT network (Devlin et al. 2018), top to bottom in the order of the paper's figure:
+embeddings, self-attention, feed-forward, layer, encoder, pooler, then the task heads.
+
+Module and parameter names are those of the original checkpoints and of transformers
+(``embeddings.word_embeddings``, ``encoder.layer.N.attention.self.query``, ``pooler.dense`` ...),
+so a state dict moves between them key for key. Leaf modules take plain numbers; only the
+top-level models read a BertConfig. No I/O and no training here (see checkpoint.py, train.py).
+
+Shapes: B batch, T sequence length, H hidden size, A heads, D = H / A, I intermediate size,
+V vocabulary size, C choices, L layers.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import BACKENDS
+from .config import ATTN_IMPLEMENTATIONS, BertConfig
+from .outputs import (
+    BaseModelOutputWithPooling,
+    BertForPreTrainingOutput,
+    MaskedLMOutput,
+    MultipleChoiceModelOutput,
+    NextSentencePredictorOutput,
+    QuestionAnsweringModelOutput,
+    SequenceClassifierOutput,
+    TokenClassifierOutput,
+)
+
+ACTIVATIONS = {
+    "gelu": lambda: nn.GELU(),  # exact, with erf: what BERT uses
+    "gelu_new": lambda: nn.GELU(approximate="tanh"),  # the tanh form of the original TF code
+    "relu": nn.ReLU,
+    "silu": nn.SiLU,
+}
+IGNORE_INDEX = -100  # label value that the losses skip
+
+
+# ============================================================================ embeddings
+class BertEmbeddings(nn.Module):
+    """word + position + token type, summed, then LayerNorm and dropout (reference 002)."""
+
+    def __init__(
+        self,
+        vocab_size: int,
+        hidden_size: int,
+        max_position_embeddings: int,
+        type_vocab_size: int,
+        pad_token_id: int,
+        layer_norm_eps: float,
+        dropout: float,
+    ):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(vocab_size, hidden_size, padding_idx=pad_token_id)
+        self.position_embeddings = nn.Embedding(max_position_embeddings, hidden_size)
+        self.token_type_embeddings = nn.Embedding(type_vocab_size, hidden_size)
+        self.LayerNorm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,  # (B, T)
+        token_type_ids: torch.Tensor | None = None,  # (B, T), default all 0 (segment A)
+        position_ids: torch.Tensor | None = None,  # (B, T) or (T,), default 0..T-1
+        inputs_embeds: torch.Tensor | None = None,  # (B, T, H) instead of input_ids
+    ) -> torch.Tensor:  # (B, T, H)
+        if inputs_embeds is None:
+            inputs_embeds = self.word_embeddings(input_ids)
+        T = inputs_embeds.shape[1]
+        if position_ids is None:
+            position_ids = torch.arange(T, device=inputs_embeds.device)
+        if token_type_ids is None:
+            token_type_ids = torch.zeros(T, dtype=torch.long, device=inputs_embeds.device)
+        # The order of the sum follows the reference implementation, so float rounding matches.
+        x = inputs_embeds + self.token_type_embeddings(token_type_ids)
+        x = x + self.position_embeddings(position_ids)
+        return self.dropout(self.LayerNorm(x))
+
+
+# ============================================================================ attention
+class BertSelfAttention(nn.Module):
+    """Multi-head scaled dot-product self-attention: softmax(Q K^T / sqrt(D)) V per head."""
+
+    def __init__(self, hidden_size: int, num_heads: int, dropout: float, attn_implementation: str):
+        super().__init__()
+        self.num_heads = num_heads
+        self.query = nn.Linear(hidden_size, hidden_size)
+        self.key = nn.Linear(hidden_size, hidden_size)
+        self.value = nn.Linear(hidden_size, hidden_size)
+        self.dropout_p = dropout
+        self.attn_implementation = attn_implementation
+
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor | None, need_weights: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x (B, T, H), mask (B, T) bool or None -> context (B, T, H), probs (B, A, T, T) or None."""
+        B, T, H = x.shape
+        A = self.num_heads
+
+        def heads(t: torch.Tensor) -> torch.Tensor:  # (B, T, H) -> (B, A, T, D)
+            return t.view(B, T, A, H // A).transpose(1, 2)
+
+        q, k, v = heads(self.query(x)), heads(self.key(x)), heads(self.value(x))
+        kernel = BACKENDS[self.attn_implementation]
+        p = self.dropout_p if self.training else 0.0
+        context, probs = kernel(q, k, v, mask, p, need_weights)
+        return context.transpose(1, 2).reshape(B, T, H), probs
+
+
+class BertSelfOutput(nn.Module):
+    """Output projection W_O, dropout, then the residual and LayerNorm: LN(x + W_O(context))."""
+
+    def __init__(self, hidden_size: int, layer_norm_eps: float, dropout: float):
+        super().__init__()
+        self.dense = nn.Linear(hidden_size, hidden_size)
+        self.LayerNorm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, context: torch.Tensor, x: torch.Tensor) -> torch.Tensor:  # (B, T, H)
+        return self.LayerNorm(self.dropout(self.dense(context)) + x)
+
+
+class BertAttention(nn.Module):
+    """The attention sub-layer: x -> LN(x + MultiHead(x)). 4*H*H + 4*H parameters."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        attention_dropout: float,
+        hidden_dropout: float,
+        layer_norm_eps: float,
+        attn_implementation: str,
+    ):
+        super().__init__()
+        self.self = BertSelfAttention(hidden_size, num_heads, attention_dropout, attn_implementation)
+        self.output = BertSelfOutput(hidden_size, layer_norm_eps, hidden_dropout)
+
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor | None, need_weights: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        context, probs = self.self(x, mask, need_weights)
+        return self.output(context, x), probs
+
+
+# ============================================================================ feed-forward
+class BertIntermediate(nn.Module):
+    """First half of the position-wise feed-forward network: act(x W_1 + b_1), H -> I."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str):
+        super().__init__()
+        self.dense = nn.Linear(hidden_size, intermediate_size)
+        self.intermediate_act_fn = ACTIVATIONS[hidden_act]()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, H) -> (B, T, I)
+        return self.intermediate_act_fn(self.dense(x))
+
+
+class BertOutput(nn.Module):
+    """Second half, I -> H, dropout, residual, LayerNorm: LN(x + h W_2 + b_2)."""
+
+    def __init__(
+        self, intermediate_size: int, hidden_size: int, layer_norm_eps: float, dropout: float
+    ):
+        super().__init__()
+        self.dense = nn.Linear(intermediate_size, hidden_size)
+        self.LayerNorm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:  # (B,T,I),(B,T,H)->(B,T,H)
+        return self.LayerNorm(self.dropout(self.dense(h)) + x)
+
+
+# ============================================================================ layer, encoder
+class BertLayer(nn.Module):
+    """One Transformer encoder layer (post-LayerNorm, as in BERT):
+    a = LN(x + MultiHead(x));  y = LN(a + FFN(a))."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        c = config
+        self.attention = BertAttention(
+            c.hidden_size,
+            c.num_attention_heads,
+            c.attention_probs_dropout_prob,
+            c.hidden_dropout_prob,
+            c.layer_norm_eps,
+            c.attn_implementation,
+        )
+        self.intermediate = BertIntermediate(c.hidden_size, c.intermediate_size, c.hidden_act)
+        self.output = BertOutput(
+            c.intermediate_size, c.hidden_size, c.layer_norm_eps, c.hidden_dropout_prob
+        )
+
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor | None, need_weights: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        a, probs = self.attention(x, mask, need_weights)
+        return self.output(self.intermediate(a), a), probs
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+
+    def forward(
+        self,
+        x: torch.Tensor,  # (B, T, H)
+        mask: torch.Tensor | None,  # (B, T) bool
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, tuple | None, tuple | None]:
+        hidden_states = [x] if output_hidden_states else None
+        attentions = [] if output_attentions else None
+        for layer in self.layer:
+            x, probs = layer(x, mask, output_attentions)
+            if output_hidden_states:
+                hidden_states.append(x)
+            if output_attentions:
+                attentions.append(probs)
+        return (
+            x,
+            tuple(hidden_states) if output_hidden_states else None,
+            tuple(attentions) if output_attentions else None,
+        )
+
+
+class BertPooler(nn.Module):
+    """tanh(W h_[CLS] + b): the sentence vector that NSP and sentence classifiers read."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.dense = nn.Linear(hidden_size, hidden_size)
+        self.activation = nn.Tanh()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, H) -> (B, H)
+        return self.activation(self.dense(x[:, 0]))
+
+
+# ============================================================================ base class
+class BertPreTrainedModel(nn.Module):
+    """Shared by every model: weight initialisation, checkpoints, backend choice."""
+
+    base_model_prefix = "bert"
+    config: BertConfig
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        if not isinstance(config, BertConfig):
+            raise TypeError(f"config must be a bertlab.BertConfig, got {type(config).__name__}")
+        self.config = config
+
+    def post_init(self) -> None:
+        """Initialise every weight as BERT does, then tie the output embeddings."""
+        self.apply(self._init_weights)
+        if self.config.position_init == "sinusoidal":
+            emb = self.base_model.embeddings.position_embeddings
+            with torch.no_grad():
+                emb.weight.copy_(sinusoidal_positions(*emb.weight.shape))
+        self.tie_weights()
+
+    def _init_weights(self, module: nn.Module) -> None:
+        std = self.config.initializer_range
+        with torch.no_grad():
+            if isinstance(module, nn.Linear):
+                module.weight.normal_(0.0, std)
+                if module.bias is not None:
+                    module.bias.zero_()
+            elif isinstance(module, nn.Embedding):
+                module.weight.normal_(0.0, std)
+                if module.padding_idx is not None:
+                    module.weight[module.padding_idx].zero_()
+            elif isinstance(module, nn.LayerNorm):
+                module.weight.fill_(1.0)
+                module.bias.zero_()
+            elif isinstance(module, BertLMPredictionHead):
+                module.bias.zero_()
+
+    def tie_weights(self) -> None:
+        """Share the MLM decoder's weight with the word embeddings (if the model has one)."""
+        head = getattr(getattr(self, "cls", None), "predictions", None)
+        if head is not None and self.config.tie_word_embeddings:
+            head.decoder.weight = self.base_model.embeddings.word_embeddings.weight
+
+    @property
+    def base_model(self) -> BertModel:
+        return getattr(self, self.base_model_prefix, self)
+
+    def set_attn_implementation(self, name: str) -> None:
+        """Switch every attention layer to another kernel ("eager" or "sdpa")."""
+        if name not in ATTN_IMPLEMENTATIONS:
+            raise ValueError(f"attn_implementation {name!r} is not one of {ATTN_IMPLEMENTATIONS}")
+        for m in self.modules():
+            if isinstance(m, BertSelfAttention):
+                m.attn_implementation = name
+        self.config = self.config.replace(attn_implementation=name)
+
+    def num_parameters(self, trainable_only: bool = False) -> int:
+        """Distinct parameters (tied weights counted once)."""
+        return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, **kwargs: Any):
+        """Load a Hugging Face / bertlab model folder. See ``bertlab.checkpoint.load_pretrained``."""
+        from .checkpoint import load_pretrained
+
+        return load_pretrained(cls, path, **kwargs)
+
+    def save_pretrained(self, directory: str | os.PathLike) -> None:
+        """Write ``config.json`` and ``model.safetensors`` (transformers loads them back)."""
+        from .checkpoint import save_pretrained
+
+        save_pretrained(self, directory)
+
+
+def sinusoidal_positions(num_positions: int, dim: int) -> torch.Tensor:
+    """The fixed encoding of Vaswani et al. 2017 §3.5, (P, H): sin on even dims, cos on odd.
+    BERT learns its position table; this is only an optional starting point (reference 003)."""
+    pos = torch.arange(num_positions, dtype=torch.float64)[:, None]
+    freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float64) * (-math.log(10000.0) / dim))
+    table = torch.zeros(num_positions, dim, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(pos * freq)
+    table[:, 1::2] = torch.cos(pos * freq[: dim // 2])
+    return table.float()
+
+
+# ============================================================================ input checks
+def _check_range(name: str, t: torch.Tensor, limit: int, what: str) -> None:
+    bad = (t < 0) | (t >= limit)
+    if bool(bad.any()):
+        where = tuple(int(i) for i in bad.nonzero()[0])
+        value = int(t[where])
+        at = where[0] if len(where) == 1 else where
+        raise ValueError(f"{name} {value} at position {at} is outside {what}")
+
+
+def check_inputs(
+    config: BertConfig,
+    input_ids: torch.Tensor | None,
+    attention_mask: torch.Tensor | None,
+    token_type_ids: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+    inputs_embeds: torch.Tensor | None,
+) -> tuple[int, int]:
+    """Reject bad inputs with a message naming the value and the limit, before any computation.
+    Returns (B, T)."""
+    if (input_ids is None) == (inputs_embeds is None):
+        raise ValueError("give exactly one of input_ids or inputs_embeds")
+    if input_ids is not None:
+        if not isinstance(input_ids, torch.Tensor):
+            raise TypeError(f"input_ids must be a torch.Tensor, got {type(input_ids).__name__}")
+        if input_ids.is_floating_point() or input_ids.dtype == torch.bool:
+            raise ValueError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
+        if input_ids.dim() != 2:
+            raise ValueError(
+                f"input_ids must have shape (batch, seq_len), got {tuple(input_ids.shape)}"
+            )
+        shape = tuple(input_ids.shape)
+    else:
+        if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != config.hidden_size:
+            raise ValueError(
+                f"inputs_embeds must have shape (batch, seq_len, {config.hidden_size}), "
+                f"got {tuple(inputs_embeds.shape)}"
+            )
+        shape = tuple(inputs_embeds.shape[:2])
+    B, T = shape
+    if B == 0 or T == 0:
+        raise ValueError(f"empty batch: inputs have shape {shape}")
+    if T > config.max_position_embeddings:
+        raise ValueError(
+            f"sequence length {T} is longer than max_position_embeddings "
+            f"({config.max_position_embeddings})"
+        )
+    if input_ids is not None:
+        _check_range("token id", input_ids, config.vocab_size,
+                     f"the vocabulary (size {config.vocab_size})")
+    for name, t in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
+        if t is not None and tuple(t.shape) != shape:
+            raise ValueError(f"{name} has shape {tuple(t.shape)}, but the input ids have {shape}")
+    if token_type_ids is not None:
+        _check_range("token type id", token_type_ids, config.type_vocab_size,
+                     f"type_vocab_size ({config.type_vocab_size})")
+    if position_ids is not None:
+        if tuple(position_ids.shape) not in (shape, (1, T), (T,)):
+            raise ValueError(
+                f"position_ids has shape {tuple(position_ids.shape)}, expected {shape} or ({T},)"
+            )
+        _check_range("position id", position_ids, config.max_position_embeddings,
+                     f"max_position_embeddings ({config.max_position_embeddings})")
+    return B, T
+
+
+def _check_labels(labels: torch.Tensor, num_classes: int, name: str = "label") -> None:
+    bad = (labels != IGNORE_INDEX) & ((labels < 0) | (labels >= num_classes))
+    if bool(bad.any()):
+        where = tuple(int(i) for i in bad.nonzero()[0])
+        raise ValueError(
+            f"{name} {int(labels[where])} at position {where} is outside [0, {num_classes}) "
+            f"(use {IGNORE_INDEX} to ignore a position)"
+        )
+
+
+# ============================================================================ BertModel
+class BertModel(BertPreTrainedModel):
+    """The encoder: embeddings -> L layers -> (optional) pooler."""
+
+    def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
+        super().__init__(config)
+        c = config
+        self.embeddings = BertEmbeddings(
+            c.vocab_size,
+            c.hidden_size,
+            c.max_position_embeddings,
+            c.type_vocab_size,
+            c.pad_token_id,
+            c.layer_norm_eps,
+            c.hidden_dropout_prob,
+        )
+        self.encoder = BertEncoder(config)
+        self.pooler = BertPooler(c.hidden_size) if add_pooling_layer else None
+        if type(self) is BertModel:
+            self.post_init()
+
+    @property
+    def base_model(self) -> BertModel:
+        return self
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,  # (B, T) token ids
+        attention_mask: torch.Tensor | None = None,  # (B, T) 1 = token, 0 = padding
+        token_type_ids: torch.Tensor | None = None,  # (B, T) segment 0 / 1
+        position_ids: torch.Tensor | None = None,  # (B, T) or (T,)
+        inputs_embeds: torch.Tensor | None = None,  # (B, T, H)
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+    ) -> BaseModelOutputWithPooling:
+        check_inputs(
+            self.config, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds
+        )
+        x = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
+        mask = None
+        if attention_mask is not None:
+            mask = attention_mask.bool()
+            if bool(mask.all()):
+                mask = None  # no padding: let the kernel skip the mask
+        x, hidden_states, attentions = self.encoder(
+            x, mask, output_hidden_states, output_attentions
+        )
+        return BaseModelOutputWithPooling(
+            last_hidden_state=x,
+            pooler_output=self.pooler(x) if self.pooler is not None else None,
+            hidden_states=hidden_states,
+            attentions=attentions,
+        )
+
+
+# ============================================================================ heads
+class BertPredictionHeadTransform(nn.Module):
+    """LN(act(W h + b)): the MLM head's transform before the vocabulary projection."""
+
+    def __init__(self, hidden_size: int, hidden_act: str, layer_norm_eps: float):
+        super().__init__()
+        self.dense = nn.Linear(hidden_size, hidden_size)
+        self.transform_act_fn = ACTIVATIONS[hidden_act]()
+        self.LayerNorm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., H)
+        return self.LayerNorm(self.transform_act_fn(self.dense(x)))
+
+
+class BertLMPredictionHead(nn.Module):
+    """Masked-LM output: transform, then scores against the (tied) word embeddings plus an
+    output-only bias per token (reference 004, "MLM-Sim": T extra parameters)."""
+
+    def __init__(self, hidden_size: int, vocab_size: int, hidden_act: str, layer_norm_eps: float):
+        super().__init__()
+        self.transform = BertPredictionHeadTransform(hidden_size, hidden_act, layer_norm_eps)
+        self.decoder = nn.Linear(hidden_size, vocab_size, bias=False)  # weight tied to embeddings
+        self.bias = nn.Parameter(torch.zeros(vocab_size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., H) -> (..., V)
+        return F.linear(self.transform(x), self.decoder.weight, self.bias)
+
+
+class BertPreTrainingHeads(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        c = config
+        self.predictions = BertLMPredictionHead(
+            c.hidden_size, c.vocab_size, c.hidden_act, c.layer_norm_eps
+        )
+        self.seq_relationship = nn.Linear(c.hidden_size, 2)
+
+
+class BertOnlyMLMHead(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        c = config
+        self.predictions = BertLMPredictionHead(
+            c.hidden_size, c.vocab_size, c.hidden_act, c.layer_norm_eps
+        )
+
+
+class BertOnlyNSPHead(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.seq_relationship = nn.Linear(config.hidden_size, 2)
+
+
+def _cross_entropy(logits: torch.Tensor, labels: torch.Tensor, name: str) -> torch.Tensor:
+    """Mean cross-entropy over positions whose label is not -100. logits (N, K), labels (N,)."""
+    _check_labels(labels, logits.shape[-1], name)
+    return F.cross_entropy(logits.float(), labels.reshape(-1), ignore_index=IGNORE_INDEX)
+
+
+class BertForPreTraining(BertPreTrainedModel):
+    """Masked LM + next sentence prediction, the pre-training objective (loss = MLM + NSP)."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.bert = BertModel(config)
+        self.cls = BertPreTrainingHeads(config)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,  # (B, T) token ids, -100 where not predicted
+        next_sentence_label: torch.Tensor | None = None,  # (B,) 0 = B follows A, 1 = random
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+    ) -> BertForPreTrainingOutput:
+        out = self.bert(
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+            output_hidden_states, output_attentions,
+        )
+        mlm_logits = self.cls.predictions(out.last_hidden_state)  # (B, T, V)
+        nsp_logits = self.cls.seq_relationship(out.pooler_output)  # (B, 2)
+        loss = None
+        if labels is not None or next_sentence_label is not None:
+            if labels is None or next_sentence_label is None:
+                raise ValueError("BertForPreTraining needs both labels and next_sentence_label")
+            loss = _cross_entropy(
+                mlm_logits.view(-1, mlm_logits.shape[-1]), labels.reshape(-1), "MLM label"
+            ) + _cross_entropy(nsp_logits, next_sentence_label.reshape(-1), "next_sentence_label")
+        return BertForPreTrainingOutput(
+            loss, mlm_logits, nsp_logits, out.hidden_states, out.attentions
+        )
+
+
+class BertForMaskedLM(BertPreTrainedModel):
+    """Masked LM only (no pooler, no NSP)."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.cls = BertOnlyMLMHead(config)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,  # (B, T), -100 where not predicted
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+    ) -> MaskedLMOutput:
+        out = self.bert(
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+            output_hidden_states, output_attentions,
+        )
+        logits = self.cls.predictions(out.last_hidden_state)  # (B, T, V)
+        loss = None
+        if labels is not None:
+            loss = _cross_entropy(logits.view(-1, logits.shape[-1]), labels.reshape(-1), "label")
+        return MaskedLMOutput(loss, logits, out.hidden_states, out.attentions)
+
+
+class BertForNextSentencePrediction(BertPreTrainedModel):
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.bert = BertModel(config)
+        self.cls = BertOnlyNSPHead(config)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,  # (B,) 0 = B follows A, 1 = random
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+    ) -> NextSentencePredictorOutput:
+        out = self.bert(
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+            output_hidden_states, output_attentions,
+        )
+        logits = self.cls.seq_relationship(out.pooler_output)  # (B, 2)
+        loss = None if labels is None else _cross_entropy(logits, labels.reshape(-1), "label")
+        return NextSentencePredictorOutput(loss, logits, out.hidden_states, out.attentions)
+
+
+def _dropout_p(config: BertConfig) -> float:
+    c = config
+    return c.hidden_dropout_prob if c.classifier_dropout is None else c.classifier_dropout
+
+
+class BertForSequenceClassification(BertPreTrainedModel):
+    """Classifier on the pooled [CLS] vector: single-label (cross-entropy), multi-label
+    (binary cross-entropy per label) or regression (num_labels = 1, mean squared error)."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.bert = BertModel(config)
+        self.dropout = nn.Dropout(_dropout_p(config))
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,  # (B,) class ids, (B, K) 0/1 floats, or (B,) values
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+    ) -> SequenceClassifierOutput:
+        out = self.bert(
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+            output_hidden_states, output_attentions,
+        )
+        logits = self.classifier(self.dropout(out.pooler_output))  # (B, K)
+        loss = None if labels is None else self._loss(logits, labels)
+        return SequenceClassifierOutput(loss, logits, out.hidden_states, out.attentions)
+
+    def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        kind = self.config.problem_type
+        if kind is None:  # inferred as transformers does
+            if self.num_labels == 1:
+                kind = "regression"
+            elif not labels.is_floating_point():
+                kind = "single_label_classification"
+            else:
+                kind = "multi_label_classification"
+        if kind == "regression":
+            if self.num_labels == 1:
+                return F.mse_loss(logits.squeeze().float(), labels.squeeze().float())
+            return F.mse_loss(logits.float(), labels.float())
+        if kind == "single_label_classification":
+            return _cross_entropy(logits, labels.reshape(-1), "label")
+        if tuple(labels.shape) != tuple(logits.shape):
+            raise ValueError(
+                f"multi-label targets must have shape {tuple(logits.shape)}, "
+                f"got {tuple(labels.shape)}"
+            )
+        return F.binary_cross_entropy_with_logits(logits.float(), labels.float())
+
+
+class BertForTokenClassification(BertPreTrainedModel):
+    """A label per token (entity tagging); -100 marks positions without a label."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.dropout = nn.Dropout(_dropout_p(config))
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,  # (B, T), -100 ignored
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+    ) -> TokenClassifierOutput:
+        out = self.bert(
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+            output_hidden_states, output_attentions,
+        )
+        logits = self.classifier(self.dropout(out.last_hidden_state))  # (B, T, K)
+        loss = None
+        if labels is not None:
+            loss = _cross_entropy(logits.view(-1, self.num_labels), labels.reshape(-1), "label")
+        return TokenClassifierOutput(loss, logits, out.hidden_states, out.attentions)
+
+
+class BertForQuestionAnswering(BertPreTrainedModel):
+    """Extractive QA (reference 000): a start and an end score for every token of the passage."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        start_positions: torch.Tensor | None = None,  # (B,) token index of the answer start
+        end_positions: torch.Tensor | None = None,  # (B,) token index of the answer end
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+    ) -> QuestionAnsweringModelOutput:
+        out = self.bert(
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+            output_hidden_states, output_attentions,
+        )
+        start_logits, end_logits = self.qa_outputs(out.last_hidden_state).unbind(-1)  # (B, T)
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            # As in the reference: positions outside the sequence (an answer cut off by a
+            # window) are clamped to T and ignored by the loss.
+            T = start_logits.shape[1]
+            start = start_positions.reshape(-1).clamp(0, T)
+            end = end_positions.reshape(-1).clamp(0, T)
+            loss = (
+                F.cross_entropy(start_logits.float(), start, ignore_index=T)
+                + F.cross_entropy(end_logits.float(), end, ignore_index=T)
+            ) / 2
+        return QuestionAnsweringModelOutput(
+            loss, start_logits.contiguous(), end_logits.contiguous(),
+            out.hidden_states, out.attentions,
+        )
+
+
+class BertForMultipleChoice(BertPreTrainedModel):
+    """Scores C candidate continuations: each (context, choice) pair -> pooled -> one score."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.bert = BertModel(config)
+        self.dropout = nn.Dropout(_dropout_p(config))
+        self.classifier = nn.Linear(config.hidden_size, 1)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,  # (B, C, T)
+        attention_mask: torch.Tensor | None = None,  # (B, C, T)
+        token_type_ids: torch.Tensor | None = None,  # (B, C, T)
+        position_ids: torch.Tensor | None = None,  # (B, C, T)
+        inputs_embeds: torch.Tensor | None = None,  # (B, C, T, H)
+        labels: torch.Tensor | None = None,  # (B,) index of the right choice
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+    ) -> MultipleChoiceModelOutput:
+        ref = input_ids if input_ids is not None else inputs_embeds
+        if ref is None or ref.dim() != (3 if input_ids is not None else 4):
+            shape = None if ref is None else tuple(ref.shape)
+            raise ValueError(f"multiple choice inputs must have shape (batch, choices, seq_len), "
+                             f"got {shape}")
+        B, C = ref.shape[:2]
+
+        def flat(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.reshape(B * C, *t.shape[2:])
+
+        out = self.bert(
+            flat(input_ids), flat(attention_mask), flat(token_type_ids), flat(position_ids),
+            flat(inputs_embeds), output_hidden_states, output_attentions,
+        )
+        logits = self.classifier(self.dropout(out.pooler_output)).view(B, C)
+        loss = None if labels is None else _cross_entropy(logits, labels.reshape(-1), "label")
+        return MultipleChoiceModelOutput(loss, logits, out.hidden_states, out.attentions)
+
+
+# Every model class by the name transformers gives it (the "architectures" of config.json).
+MODEL_CLASSES: dict[str, type[BertPreTrainedModel]] = {
+    cls.__name__: cls
+    for cls in (
+        BertModel,
+        BertForPreTraining,
+        BertForMaskedLM,
+        BertForNextSentencePrediction,
+        BertForSequenceClassification,
+        BertForTokenClassification,
+        BertForQuestionAnswering,
+        BertForMultipleChoice,
+    )
+}

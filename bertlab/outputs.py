@@ -1,0 +1,94 @@
+"""Small typed outputs of the models, with the field names transformers uses.
+
+Each is a dataclass; fields that were not computed are None. Like transformers' outputs they can
+also be indexed (``out[0]`` is the first field that is not None, ``out["logits"]`` a field by name)
+so code written for transformers runs unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+
+Tensors = tuple[torch.Tensor, ...]
+
+
+class ModelOutput:
+    def to_tuple(self) -> tuple[Any, ...]:
+        return tuple(v for v in (getattr(self, f.name) for f in fields(self)) if v is not None)
+
+    def __getitem__(self, key: int | slice | str) -> Any:
+        if isinstance(key, str):
+            return getattr(self, key)
+        return self.to_tuple()[key]
+
+    def __iter__(self):
+        return iter(self.to_tuple())
+
+
+@dataclass
+class BaseModelOutputWithPooling(ModelOutput):
+    last_hidden_state: torch.Tensor  # (B, T, H)
+    pooler_output: torch.Tensor | None = None  # (B, H)
+    hidden_states: Tensors | None = None  # L+1 of (B, T, H): embeddings, then each layer
+    attentions: Tensors | None = None  # L of (B, A, T, T)
+
+
+@dataclass
+class BertForPreTrainingOutput(ModelOutput):
+    loss: torch.Tensor | None = None  # MLM + NSP, when labels and next_sentence_label are given
+    prediction_logits: torch.Tensor | None = None  # (B, T, V)
+    seq_relationship_logits: torch.Tensor | None = None  # (B, 2)
+    hidden_states: Tensors | None = None
+    attentions: Tensors | None = None
+
+
+@dataclass
+class MaskedLMOutput(ModelOutput):
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None  # (B, T, V)
+    hidden_states: Tensors | None = None
+    attentions: Tensors | None = None
+
+
+@dataclass
+class NextSentencePredictorOutput(ModelOutput):
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None  # (B, 2): 0 = B follows A, 1 = B is random
+    hidden_states: Tensors | None = None
+    attentions: Tensors | None = None
+
+
+@dataclass
+class SequenceClassifierOutput(ModelOutput):
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None  # (B, num_labels)
+    hidden_states: Tensors | None = None
+    attentions: Tensors | None = None
+
+
+@dataclass
+class TokenClassifierOutput(ModelOutput):
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None  # (B, T, num_labels)
+    hidden_states: Tensors | None = None
+    attentions: Tensors | None = None
+
+
+@dataclass
+class QuestionAnsweringModelOutput(ModelOutput):
+    loss: torch.Tensor | None = None
+    start_logits: torch.Tensor | None = None  # (B, T)
+    end_logits: torch.Tensor | None = None  # (B, T)
+    hidden_states: Tensors | None = None
+    attentions: Tensors | None = None
+
+
+@dataclass
+class MultipleChoiceModelOutput(ModelOutput):
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None  # (B, C)
+    hidden_states: Tensors | None = None
+    attentions: Tensors | None = None
