@@ -13,6 +13,7 @@ from .model import (
     BertModel,
     BertPreTrainedModel,
 )
+from .tokenizer import BertTokenizer
 
 __version__ = "0.1.0"
 
@@ -27,6 +28,7 @@ __all__ = [
     "BertForTokenClassification",
     "BertForQuestionAnswering",
     "BertForMultipleChoice",
+    "BertTokenizer",
     "LoadingInfo",
     "bundled_model_dir",
     "read_state_dict",

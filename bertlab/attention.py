@@ -13,7 +13,6 @@ Padding keys get a score of the dtype's most negative value, so their probabilit
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
@@ -34,7 +33,8 @@ def eager_attention(
     need_weights: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The attention equation written out (Vaswani et al. 2017, eq. 1). Returns probabilities."""
-    scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(q.size(-1))  # (B, A, T, T)
+    scale = q.size(-1) ** -0.5  # multiplied, not divided, to round as the reference does
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale  # (B, A, T, T)
     if mask is not None:
         scores = scores.masked_fill(~mask[:, None, None, :], torch.finfo(scores.dtype).min)
     probs = scores.softmax(dim=-1)

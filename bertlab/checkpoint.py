@@ -58,7 +58,9 @@ class LoadingInfo:
 
     missing_keys: list[str] = field(default_factory=list)  # newly initialised
     unexpected_keys: list[str] = field(default_factory=list)  # in the file, not in the model
-    mismatched_keys: list[tuple[str, tuple, tuple]] = field(default_factory=list)  # key, file, model
+    mismatched_keys: list[tuple[str, tuple, tuple]] = field(
+        default_factory=list
+    )  # key, file, model
 
 
 # ============================================================================ locating files
@@ -247,17 +249,23 @@ def load_pretrained(
     if info.missing_keys:
         logger.warning(
             "%s: weights not in %s, newly initialised (train before use): %s",
-            cls.__name__, directory, ", ".join(info.missing_keys),
+            cls.__name__,
+            directory,
+            ", ".join(info.missing_keys),
         )
     if info.unexpected_keys:
         logger.warning(
             "%s: weights in %s that the model does not use: %s",
-            cls.__name__, directory, ", ".join(info.unexpected_keys),
+            cls.__name__,
+            directory,
+            ", ".join(info.unexpected_keys),
         )
     if info.mismatched_keys:
         logger.warning(
             "%s: weights of another shape in %s, newly initialised: %s",
-            cls.__name__, directory, ", ".join(k for k, _, _ in info.mismatched_keys),
+            cls.__name__,
+            directory,
+            ", ".join(k for k, _, _ in info.mismatched_keys),
         )
     model.eval()
     return (model, info) if output_loading_info else model

@@ -144,9 +144,7 @@ class BertConfig:
         if self.id2label is not None:
             labels = {int(k): str(v) for k, v in self.id2label.items()}
             if sorted(labels) != list(range(len(labels))):
-                raise ValueError(
-                    f"BertConfig.id2label keys must be 0..n-1, got {sorted(labels)}"
-                )
+                raise ValueError(f"BertConfig.id2label keys must be 0..n-1, got {sorted(labels)}")
             object.__setattr__(self, "id2label", labels)
             object.__setattr__(self, "num_labels", len(labels))
         if self.architectures is not None:
@@ -208,7 +206,10 @@ class BertConfig:
         for key, value in data.items():
             if key in names:
                 kwargs[key] = value
-            elif key not in _HF_BOOKKEEPING and key not in ("model_type", "position_embedding_type"):
+            elif key not in _HF_BOOKKEEPING and key not in (
+                "model_type",
+                "position_embedding_type",
+            ):
                 extra[key] = value
         if kwargs.get("id2label") is None and "num_labels" in data:
             kwargs["num_labels"] = data["num_labels"]
@@ -229,7 +230,13 @@ class BertConfig:
         if self.architectures:
             out["architectures"] = list(self.architectures)
         for f in dataclasses.fields(self):
-            if f.name in ("extra", "architectures", "id2label", "num_labels", "attn_implementation"):
+            if f.name in (
+                "extra",
+                "architectures",
+                "id2label",
+                "num_labels",
+                "attn_implementation",
+            ):
                 continue
             out[f.name] = getattr(self, f.name)
         out["position_embedding_type"] = "absolute"

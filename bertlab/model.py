@@ -99,7 +99,7 @@ class BertSelfAttention(nn.Module):
     def forward(
         self, x: torch.Tensor, mask: torch.Tensor | None, need_weights: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x (B, T, H), mask (B, T) bool or None -> context (B, T, H), probs (B, A, T, T) or None."""
+        """x (B, T, H), mask (B, T) bool or None -> context (B, T, H), probs (B, A, T, T) | None."""
         B, T, H = x.shape
         A = self.num_heads
 
@@ -139,7 +139,9 @@ class BertAttention(nn.Module):
         attn_implementation: str,
     ):
         super().__init__()
-        self.self = BertSelfAttention(hidden_size, num_heads, attention_dropout, attn_implementation)
+        self.self = BertSelfAttention(
+            hidden_size, num_heads, attention_dropout, attn_implementation
+        )
         self.output = BertSelfOutput(hidden_size, layer_norm_eps, hidden_dropout)
 
     def forward(
@@ -308,7 +310,7 @@ class BertPreTrainedModel(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, **kwargs: Any):
-        """Load a Hugging Face / bertlab model folder. See ``bertlab.checkpoint.load_pretrained``."""
+        """Load a Hugging Face or bertlab model folder (see ``checkpoint.load_pretrained``)."""
         from .checkpoint import load_pretrained
 
         return load_pretrained(cls, path, **kwargs)
@@ -379,21 +381,30 @@ def check_inputs(
             f"({config.max_position_embeddings})"
         )
     if input_ids is not None:
-        _check_range("token id", input_ids, config.vocab_size,
-                     f"the vocabulary (size {config.vocab_size})")
+        _check_range(
+            "token id", input_ids, config.vocab_size, f"the vocabulary (size {config.vocab_size})"
+        )
     for name, t in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
         if t is not None and tuple(t.shape) != shape:
             raise ValueError(f"{name} has shape {tuple(t.shape)}, but the input ids have {shape}")
     if token_type_ids is not None:
-        _check_range("token type id", token_type_ids, config.type_vocab_size,
-                     f"type_vocab_size ({config.type_vocab_size})")
+        _check_range(
+            "token type id",
+            token_type_ids,
+            config.type_vocab_size,
+            f"type_vocab_size ({config.type_vocab_size})",
+        )
     if position_ids is not None:
         if tuple(position_ids.shape) not in (shape, (1, T), (T,)):
             raise ValueError(
                 f"position_ids has shape {tuple(position_ids.shape)}, expected {shape} or ({T},)"
             )
-        _check_range("position id", position_ids, config.max_position_embeddings,
-                     f"max_position_embeddings ({config.max_position_embeddings})")
+        _check_range(
+            "position id",
+            position_ids,
+            config.max_position_embeddings,
+            f"max_position_embeddings ({config.max_position_embeddings})",
+        )
     return B, T
 
 
@@ -543,8 +554,13 @@ class BertForPreTraining(BertPreTrainedModel):
         output_attentions: bool = False,
     ) -> BertForPreTrainingOutput:
         out = self.bert(
-            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-            output_hidden_states, output_attentions,
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            position_ids,
+            inputs_embeds,
+            output_hidden_states,
+            output_attentions,
         )
         mlm_logits = self.cls.predictions(out.last_hidden_state)  # (B, T, V)
         nsp_logits = self.cls.seq_relationship(out.pooler_output)  # (B, 2)
@@ -581,8 +597,13 @@ class BertForMaskedLM(BertPreTrainedModel):
         output_attentions: bool = False,
     ) -> MaskedLMOutput:
         out = self.bert(
-            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-            output_hidden_states, output_attentions,
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            position_ids,
+            inputs_embeds,
+            output_hidden_states,
+            output_attentions,
         )
         logits = self.cls.predictions(out.last_hidden_state)  # (B, T, V)
         loss = None
@@ -610,8 +631,13 @@ class BertForNextSentencePrediction(BertPreTrainedModel):
         output_attentions: bool = False,
     ) -> NextSentencePredictorOutput:
         out = self.bert(
-            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-            output_hidden_states, output_attentions,
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            position_ids,
+            inputs_embeds,
+            output_hidden_states,
+            output_attentions,
         )
         logits = self.cls.seq_relationship(out.pooler_output)  # (B, 2)
         loss = None if labels is None else _cross_entropy(logits, labels.reshape(-1), "label")
@@ -647,8 +673,13 @@ class BertForSequenceClassification(BertPreTrainedModel):
         output_attentions: bool = False,
     ) -> SequenceClassifierOutput:
         out = self.bert(
-            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-            output_hidden_states, output_attentions,
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            position_ids,
+            inputs_embeds,
+            output_hidden_states,
+            output_attentions,
         )
         logits = self.classifier(self.dropout(out.pooler_output))  # (B, K)
         loss = None if labels is None else self._loss(logits, labels)
@@ -700,8 +731,13 @@ class BertForTokenClassification(BertPreTrainedModel):
         output_attentions: bool = False,
     ) -> TokenClassifierOutput:
         out = self.bert(
-            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-            output_hidden_states, output_attentions,
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            position_ids,
+            inputs_embeds,
+            output_hidden_states,
+            output_attentions,
         )
         logits = self.classifier(self.dropout(out.last_hidden_state))  # (B, T, K)
         loss = None
@@ -732,8 +768,13 @@ class BertForQuestionAnswering(BertPreTrainedModel):
         output_attentions: bool = False,
     ) -> QuestionAnsweringModelOutput:
         out = self.bert(
-            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-            output_hidden_states, output_attentions,
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            position_ids,
+            inputs_embeds,
+            output_hidden_states,
+            output_attentions,
         )
         start_logits, end_logits = self.qa_outputs(out.last_hidden_state).unbind(-1)  # (B, T)
         loss = None
@@ -748,8 +789,11 @@ class BertForQuestionAnswering(BertPreTrainedModel):
                 + F.cross_entropy(end_logits.float(), end, ignore_index=T)
             ) / 2
         return QuestionAnsweringModelOutput(
-            loss, start_logits.contiguous(), end_logits.contiguous(),
-            out.hidden_states, out.attentions,
+            loss,
+            start_logits.contiguous(),
+            end_logits.contiguous(),
+            out.hidden_states,
+            out.attentions,
         )
 
 
@@ -777,16 +821,22 @@ class BertForMultipleChoice(BertPreTrainedModel):
         ref = input_ids if input_ids is not None else inputs_embeds
         if ref is None or ref.dim() != (3 if input_ids is not None else 4):
             shape = None if ref is None else tuple(ref.shape)
-            raise ValueError(f"multiple choice inputs must have shape (batch, choices, seq_len), "
-                             f"got {shape}")
+            raise ValueError(
+                f"multiple choice inputs must have shape (batch, choices, seq_len), got {shape}"
+            )
         B, C = ref.shape[:2]
 
         def flat(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t.reshape(B * C, *t.shape[2:])
 
         out = self.bert(
-            flat(input_ids), flat(attention_mask), flat(token_type_ids), flat(position_ids),
-            flat(inputs_embeds), output_hidden_states, output_attentions,
+            flat(input_ids),
+            flat(attention_mask),
+            flat(token_type_ids),
+            flat(position_ids),
+            flat(inputs_embeds),
+            output_hidden_states,
+            output_attentions,
         )
         logits = self.classifier(self.dropout(out.pooler_output)).view(B, C)
         loss = None if labels is None else _cross_entropy(logits, labels.reshape(-1), "label")

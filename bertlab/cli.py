@@ -1,0 +1,180 @@
+"""``bertlab <verb>``: command-line arguments -> the library functions.
+
+bertlab demo                          the bundled real checkpoint: parameters, a sentence run
+bertlab summary [SOURCE] --head H     layer-by-layer parameter table of any size and head
+bertlab inspect embeddings TEXT       the embedding layer taken apart, token by token
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from .checkpoint import BUNDLED_NAMES, resolve_model_dir
+from .config import PRESETS, BertConfig
+
+DEMO_TEXT = "The quick brown fox jumps over the lazy dog."
+DEMO_COMPARE = (
+    "A fast auburn fox leaps above a sleepy hound.",
+    "Stock markets fell sharply today.",
+)
+
+
+def _vec(t: torch.Tensor, dims: int) -> str:
+    return " ".join(f"{float(x):+.4f}" for x in t[:dims]) + (" ..." if t.numel() > dims else "")
+
+
+# ============================================================================ demo
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .model import BertModel
+    from .summary import format_table, parameter_table
+    from .tokenizer import BertTokenizer
+
+    directory = resolve_model_dir(args.model)
+    print(f"bertlab demo: the checkpoint in {directory}\n")
+    model = BertModel.from_pretrained(directory)
+    tokenizer = BertTokenizer.from_pretrained(directory)
+    print(format_table(parameter_table(model), f"BertModel from {directory.name}", model.config))
+
+    texts = [args.text, *DEMO_COMPARE]
+    batch = tokenizer(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        out = model(**batch)
+    n = int(batch["attention_mask"][0].sum())
+    tokens = tokenizer.convert_ids_to_tokens(batch["input_ids"][0, :n].tolist())
+    print(f"\nSentence: {args.text!r}")
+    print(f"Tokens ({n}): {' '.join(tokens)}")
+    print(f"Ids: {batch['input_ids'][0, :n].tolist()}")
+    print(
+        f"last_hidden_state: {tuple(out.last_hidden_state.shape)}  "
+        f"pooler_output: {tuple(out.pooler_output.shape)}"
+    )
+    print(f"[CLS] vector: {_vec(out.last_hidden_state[0, 0], 6)}")
+
+    # Sentence embeddings as the checkpoint was trained to give them: mean over real tokens,
+    # unit length (the pooling of all-MiniLM-L6-v2).
+    mask = batch["attention_mask"].unsqueeze(-1).float()
+    emb = (out.last_hidden_state * mask).sum(1) / mask.sum(1)
+    emb = torch.nn.functional.normalize(emb, dim=-1)
+    print(f"Sentence embedding (mean-pooled, normalised): {_vec(emb[0], 6)}")
+    for other, vec in zip(DEMO_COMPARE, emb[1:], strict=True):
+        print(f"  cosine similarity to {other!r}: {float(emb[0] @ vec):.4f}")
+    return 0
+
+
+# ============================================================================ summary
+def _config_from_source(source: str) -> tuple[BertConfig, str]:
+    if source.lower().removeprefix("bert-").removesuffix("-uncased") in PRESETS:
+        return BertConfig.preset(source), f"preset {source}"
+    path = Path(source)
+    if path.suffix == ".json" and path.is_file():
+        return BertConfig.from_json_file(path), str(path)
+    return BertConfig.from_pretrained(resolve_model_dir(source)), str(resolve_model_dir(source))
+
+
+def cmd_summary(args: argparse.Namespace) -> int:
+    from .summary import HEADS, build_for_summary, format_table, parameter_table
+
+    config, origin = _config_from_source(args.source)
+    overrides = {}
+    if args.vocab_size is not None:
+        overrides["vocab_size"] = args.vocab_size
+    if args.num_labels is not None:
+        overrides["num_labels"] = args.num_labels
+    if overrides:
+        config = config.replace(**overrides)
+    model = build_for_summary(config, args.head)
+    title = f"{HEADS[args.head].__name__} ({origin})"
+    print(format_table(parameter_table(model), title, config, collapse_layers=args.collapse))
+    return 0
+
+
+# ============================================================================ inspect
+def cmd_inspect_embeddings(args: argparse.Namespace) -> int:
+    from .dissect import dissect_embeddings
+    from .model import BertModel
+    from .tokenizer import BertTokenizer
+
+    directory = resolve_model_dir(args.model)
+    model = BertModel.from_pretrained(directory)
+    tokenizer = BertTokenizer.from_pretrained(directory)
+    enc = tokenizer(args.text, args.pair, return_tensors="pt")
+    ids, types = enc["input_ids"][0], enc["token_type_ids"][0]
+    d = dissect_embeddings(model.embeddings, ids, types)
+    H = model.config.hidden_size
+    print(
+        f"Embedding layer of {directory} for {args.text!r}"
+        + (f" / {args.pair!r}" if args.pair else "")
+    )
+    print(f"Each row shows the first {args.dims} of {H} dimensions.\n")
+    parts = (
+        ("word", d.word, "word_embeddings(input_id)"),
+        ("position", d.position, "position_embeddings(position)"),
+        ("token_type", d.token_type, "token_type_embeddings(segment)"),
+        ("sum", d.summed, "word + position + token_type"),
+        ("LayerNorm", d.normalized, "embeddings.LayerNorm(sum)"),
+        ("embeddings", d.module_output, "model.embeddings(input_ids) (eval)"),
+    )
+    tokens = tokenizer.convert_ids_to_tokens(ids.tolist())
+    for t, token in enumerate(tokens):
+        print(f"[{t}] {token}  id={int(ids[t])}  position={t}  segment={int(types[t])}")
+        for name, values, what in parts:
+            print(f"    {name:<11}{_vec(values[t], args.dims):<48} {what}")
+    ok = d.max_abs_diff <= 1e-5
+    print(
+        f"\nCheck: LayerNorm(word + position + token_type) == model.embeddings(input_ids): "
+        f"max |difference| = {d.max_abs_diff:.2e} -> {'identical' if ok else 'DIFFERENT'}"
+    )
+    return 0 if ok else 1
+
+
+# ============================================================================ main
+def build_parser() -> argparse.ArgumentParser:
+    from .summary import HEADS
+
+    p = argparse.ArgumentParser(prog="bertlab", description="A complete BERT in PyTorch.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="run the bundled real checkpoint on a sentence")
+    demo.add_argument("--model", default=BUNDLED_NAMES[0], help="model folder (default: bundled)")
+    demo.add_argument("--text", default=DEMO_TEXT, help="the sentence to run")
+    demo.set_defaults(func=cmd_demo)
+
+    summ = sub.add_parser("summary", help="layer-by-layer parameter table")
+    summ.add_argument(
+        "source",
+        nargs="?",
+        default="base",
+        help=f"a preset ({', '.join(PRESETS)}), a config.json, or a model folder",
+    )
+    summ.add_argument("--head", default="base", choices=sorted(HEADS), help="which model")
+    summ.add_argument("--vocab-size", type=int, help="override the vocabulary size")
+    summ.add_argument("--num-labels", type=int, help="override the number of labels")
+    summ.add_argument("--collapse", action="store_true", help="show one layer, then a subtotal")
+    summ.set_defaults(func=cmd_summary)
+
+    insp = sub.add_parser("inspect", help="take a part of the model apart")
+    insp_sub = insp.add_subparsers(dest="what", required=True)
+    emb = insp_sub.add_parser("embeddings", help="word + position + type = embedding, per token")
+    emb.add_argument("text")
+    emb.add_argument("--pair", help="a second segment (token type 1)")
+    emb.add_argument("--model", default=BUNDLED_NAMES[0], help="model folder (default: bundled)")
+    emb.add_argument("--dims", type=int, default=4, help="dimensions shown per vector")
+    emb.set_defaults(func=cmd_inspect_embeddings)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"bertlab {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
