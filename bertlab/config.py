@@ -188,6 +188,9 @@ class BertConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any], **overrides: Any) -> BertConfig:
         """From a Hugging Face style dict. Unknown keys go to ``extra``; never a crash on them."""
+        if "num_labels" in overrides and "id2label" not in overrides:
+            # A new label count replaces the stored label names (as in transformers).
+            data = {k: v for k, v in data.items() if k not in ("id2label", "label2id")}
         data = {**data, **overrides}
         model_type = data.get("model_type", "bert")
         if model_type != "bert":

@@ -56,6 +56,7 @@ class Row:
     params: int
     formula: str  # e.g. "4*H*H + 4*H", or TIED
     trainable: int  # how many of ``params`` have requires_grad
+    tensors: int  # named parameter tensors in the group (bert-base has 199 in all, reference 001)
 
 
 @dataclass(frozen=True)
@@ -181,7 +182,9 @@ def parameter_table(model: BertPreTrainedModel) -> list[Row]:
                 f"gives {expected:,}"
             )
         trainable = sum(params[n].numel() for n in mine if params[n].requires_grad)
-        rows.append(Row(spec.name, spec.kind, spec.output_shape, count, spec.formula, trainable))
+        rows.append(
+            Row(spec.name, spec.kind, spec.output_shape, count, spec.formula, trainable, len(mine))
+        )
     missing = [n for n in params if n not in claimed]
     if missing:
         raise AssertionError(f"parameters in no row of the table: {', '.join(missing)}")
@@ -205,6 +208,7 @@ def _collapse(rows: list[Row]) -> list[Row]:
         sum(r.params for r in layers),
         f"L × {sum(r.params for r in first):,}",
         sum(r.trainable for r in layers),
+        sum(r.tensors for r in layers),
     )
     start = rows.index(layers[0])
     rest = [r for r in rows if not _LAYER.match(r.name)]
@@ -233,7 +237,8 @@ def format_table(
     trainable = sum(r.trainable for r in rows)
     out = [title, "=" * rule, line(header), "-" * rule, *map(line, cells[1:]), "=" * rule]
     out += [f"Total params: {total:,}", f"Trainable params: {trainable:,}"]
-    out += [f"Non-trainable params: {total - trainable:,}", f"Legend: {LEGEND}"]
+    out += [f"Non-trainable params: {total - trainable:,}"]
+    out += [f"Named parameter tensors: {sum(r.tensors for r in rows)}", f"Legend: {LEGEND}"]
     if config is not None:
         out.append("        " + " ".join(f"{k}={v}" for k, v in symbols(config).items()))
     out.append(f"Shapes: {SHAPES}")

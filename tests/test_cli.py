@@ -51,3 +51,9 @@ def test_inspect_embeddings_checks_the_identity(capsys):
 def test_unknown_head_is_refused(capsys):
     with pytest.raises(SystemExit):
         main(["summary", "--head", "nope"])
+
+
+def test_summary_of_bert_base_counts_199_named_parameters(capsys):
+    # reference 001: "This BERT model has 199 different named parameters"
+    code, out, _ = run(capsys, "summary", "base")
+    assert code == 0 and "Named parameter tensors: 199" in out and "109,482,240" in out
