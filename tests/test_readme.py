@@ -21,3 +21,11 @@ def test_readme_opens_with_exactly_two_commands():
 def test_ci_runs_the_readme_test_command():
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert readme_commands()[1] in ci
+
+
+def test_readme_parameter_table_is_what_bertlab_prints(capsys):
+    from bertlab.cli import main
+
+    main(["summary", "base", "--head", "pretraining", "--vocab-size", "30000", "--collapse"])
+    printed = capsys.readouterr().out.strip()
+    assert printed in (ROOT / "README.md").read_text()
