@@ -245,27 +245,14 @@ def load_pretrained(
             own[key].copy_(tensor)
     if dtype is not None:
         model.to(dtype)
-    if info.missing_keys:
-        logger.warning(
-            "%s: weights not in %s, newly initialised (train before use): %s",
-            cls.__name__,
-            directory,
-            ", ".join(info.missing_keys),
-        )
-    if info.unexpected_keys:
-        logger.warning(
-            "%s: weights in %s that the model does not use: %s",
-            cls.__name__,
-            directory,
-            ", ".join(info.unexpected_keys),
-        )
-    if info.mismatched_keys:
-        logger.warning(
-            "%s: weights of another shape in %s, newly initialised: %s",
-            cls.__name__,
-            directory,
-            ", ".join(k for k, _, _ in info.mismatched_keys),
-        )
+    reports = (
+        ("weights not in the folder, newly initialised (train before use)", info.missing_keys),
+        ("weights in the folder that the model does not use", info.unexpected_keys),
+        ("weights of another shape, newly initialised", [k for k, _, _ in info.mismatched_keys]),
+    )
+    for what, keys in reports:
+        if keys:
+            logger.warning("%s from %s: %s: %s", cls.__name__, directory, what, ", ".join(keys))
     model.eval()
     return (model, info) if output_loading_info else model
 
