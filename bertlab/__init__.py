@@ -13,7 +13,7 @@ from .model import (
     BertModel,
     BertPreTrainedModel,
 )
-from .tokenizer import BertTokenizer
+from .tokenizer import BertTokenizer, train_vocab
 
 __version__ = "0.1.0"
 
@@ -32,4 +32,5 @@ __all__ = [
     "LoadingInfo",
     "bundled_model_dir",
     "read_state_dict",
+    "train_vocab",
 ]

@@ -8,6 +8,7 @@ bertlab inspect embeddings TEXT       the embedding layer taken apart, token by 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -131,6 +132,72 @@ def cmd_inspect_embeddings(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+# ============================================================================ tokenize
+def cmd_tokenize(args: argparse.Namespace) -> int:
+    from .tokenizer import BertTokenizer
+
+    tok = BertTokenizer.from_pretrained(args.model)
+    enc = tok(args.text, args.pair, truncation=args.max_length is not None,
+              max_length=args.max_length, return_offsets_mapping=True)  # fmt: skip
+    sources = (args.text, args.pair)
+    rows = [("#", "token", "id", "type", "word", "offsets", "text")]
+    for i, (token, id_, type_, word, seq, (a, b)) in enumerate(
+        zip(
+            enc.tokens(),
+            enc["input_ids"],
+            enc["token_type_ids"],
+            enc.word_ids(),
+            enc.sequence_ids(),
+            enc["offset_mapping"],
+            strict=True,
+        )  # fmt: skip
+    ):
+        special = seq is None
+        text = "" if special else sources[seq][a:b]
+        where = "" if special else f"{a}:{b}"
+        rows.append((str(i), token, str(id_), str(type_), "" if special else str(word), where,
+                     text))  # fmt: skip
+    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
+    print(
+        f"\n{len(enc['input_ids'])} tokens; type 0 = first segment, 1 = second; offsets are "
+        "character positions in the segment's text"
+    )
+    return 0
+
+
+def cmd_train_vocab(args: argparse.Namespace) -> int:
+    from .tokenizer import BertTokenizer, train_vocab
+
+    path = train_vocab(args.files, args.vocab_size, args.output, lowercase=not args.cased,
+                       min_frequency=args.min_frequency)  # fmt: skip
+    tok = BertTokenizer.from_pretrained(args.output)
+    print(f"wrote {path} ({tok.vocab_size} tokens, {'cased' if args.cased else 'uncased'})")
+    return 0
+
+
+# ============================================================================ bench
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .bench import bench_tokenizer, machine, tokenizer_texts
+
+    root = Path(__file__).resolve().parents[1]
+    data = Path(args.data) if args.data else root.parent / "shared" / "data"
+    texts, origin = tokenizer_texts(data if data.is_dir() else None, root / "tests" / "fixtures")
+    report = {"machine": machine(), "data": origin}
+    report.update(bench_tokenizer(args.model, texts, args.batch_size, args.repeats))
+    tps = report["tokens_per_s"]
+    print(f"tokenizer, {report['texts']:,} texts, {report['tokens']:,} tokens ({origin})")
+    print(f"  bertlab       {tps['bertlab']:>12,.0f} tokens/s")
+    print(f"  transformers  {tps['transformers']:>12,.0f} tokens/s")
+    print(f"  ratio         {report['ratio']:.2f}x (medians of {args.repeats} alternating runs)")
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+        print(f"report: {args.out}")
+    return 0
+
+
 # ============================================================================ main
 def build_parser() -> argparse.ArgumentParser:
     from .summary import HEADS
@@ -164,6 +231,30 @@ def build_parser() -> argparse.ArgumentParser:
     emb.add_argument("--model", default=BUNDLED_NAMES[0], help="model folder (default: bundled)")
     emb.add_argument("--dims", type=int, default=4, help="dimensions shown per vector")
     emb.set_defaults(func=cmd_inspect_embeddings)
+
+    tokz = sub.add_parser("tokenize", help="show what the model receives for a text")
+    tokz.add_argument("text")
+    tokz.add_argument("--pair", help="a second segment (token type 1)")
+    tokz.add_argument("--model", default=BUNDLED_NAMES[0], help="model folder (default: bundled)")
+    tokz.add_argument("--max-length", type=int, help="truncate to this many tokens")
+    tokz.set_defaults(func=cmd_tokenize)
+
+    tv = sub.add_parser("train-vocab", help="train a WordPiece vocabulary on raw text")
+    tv.add_argument("files", nargs="+", help="UTF-8 text files")
+    tv.add_argument("-o", "--output", required=True, help="folder for vocab.txt")
+    tv.add_argument("--vocab-size", type=int, default=30522)
+    tv.add_argument("--min-frequency", type=int, default=2)
+    tv.add_argument("--cased", action="store_true", help="keep case and accents")
+    tv.set_defaults(func=cmd_train_vocab)
+
+    bench = sub.add_parser("bench", help="measure bertlab against transformers")
+    bench.add_argument("workload", choices=["tokenizer"])
+    bench.add_argument("--model", default=BUNDLED_NAMES[0], help="model folder (default: bundled)")
+    bench.add_argument("--data", help="shared data folder (default: ../shared/data if present)")
+    bench.add_argument("--batch-size", type=int, default=1000)
+    bench.add_argument("--repeats", type=int, default=5)
+    bench.add_argument("--out", help="write the JSON report here")
+    bench.set_defaults(func=cmd_bench)
     return p
 
 

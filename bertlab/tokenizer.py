@@ -47,19 +47,13 @@ TRUNCATION = {False: None, "do_not_truncate": None, True: "longest_first",
               "only_second": "only_second"}  # fmt: skip
 
 
-def read_vocab(path: str | os.PathLike, special_tokens: Iterable[str] = ()) -> dict[str, int]:
+def read_vocab(path: str | os.PathLike) -> list[str]:
     """vocab.txt: one token per line, the line number is its id."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no vocabulary file at {path}")
-    vocab: dict[str, int] = {}
     with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f):
-            vocab.setdefault(line.rstrip("\n"), i)
-    missing = [t for t in special_tokens if t not in vocab]
-    if missing:
-        raise ValueError(f"vocabulary {path} lacks the special tokens {', '.join(missing)}")
-    return vocab
+        return [line.rstrip("\n") for line in f]
 
 
 class BatchEncoding(dict):
@@ -106,13 +100,16 @@ class BertTokenizer:
             raise TypeError(f"unknown arguments {sorted(unknown)}")
         self.special_tokens = {**SPECIAL_TOKENS, **special_tokens}
         if isinstance(vocab, dict):
-            missing = [t for t in self.special_tokens.values() if t not in vocab]
-            if missing:
-                raise ValueError(f"vocabulary lacks the special tokens {', '.join(missing)}")
-            self.vocab = dict(vocab)
+            self._lines = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
         else:
-            self.vocab = read_vocab(vocab, self.special_tokens.values())
-        self.ids_to_tokens = {i: t for t, i in self.vocab.items()}
+            self._lines = read_vocab(vocab)
+        # A token listed twice takes the id of its last line, as in the reference.
+        self.vocab = {t: i for i, t in enumerate(self._lines)}
+        self.ids_to_tokens = dict(enumerate(self._lines))
+        missing = [t for t in self.special_tokens.values() if t not in self.vocab]
+        if missing:
+            where = "" if isinstance(vocab, dict) else f" {vocab}"
+            raise ValueError(f"vocabulary{where} lacks the special tokens {', '.join(missing)}")
         self.do_lower_case = do_lower_case
         self.strip_accents = strip_accents
         self.tokenize_chinese_chars = tokenize_chinese_chars
@@ -141,13 +138,19 @@ class BertTokenizer:
             special_tokens=[(cls, self.cls_token_id), (sep, self.sep_token_id)],
         )
         tok.decoder = decoders.WordPiece(prefix="##")
-        # Special tokens are found anywhere in the text and never split or lower-cased;
-        # never_split words (that the vocabulary holds) are kept whole too.
-        tok.add_special_tokens(
-            [AddedToken(t, normalized=False) for t in self.special_tokens.values()]
-        )
-        kept = [t for t in self.never_split if t in self.vocab]
-        tok.add_tokens([AddedToken(t, single_word=True, normalized=False) for t in kept])
+        # Special tokens are found anywhere in the text and never split or lower-cased.
+        specials = [AddedToken(t, normalized=False) for t in self.special_tokens.values()]
+        tok.add_special_tokens(specials)
+        # never_split words are kept whole where they stand as words, as in the original code:
+        # a word W matches text that is W, or (uncased) text that lower-cases to W. The first is
+        # an exact match; when W is already in normal form the match on normalised text gives
+        # both. A word the vocabulary lacks becomes [UNK] (the engine gives it an id past the
+        # vocabulary, mapped back after encoding).
+        norm = tok.normalizer.normalize_str
+        words = [AddedToken(w, single_word=True, normalized=norm(w) == w) for w in self.never_split]
+        tok.add_tokens(words)
+        outside = any(t not in self.vocab for t in self.never_split)
+        self._unk_above = len(self._lines) if outside else None
         self._tok = tok
 
     # ----------------------------------------------------------------------------- files
@@ -185,7 +188,6 @@ class BertTokenizer:
         (transformers loads them back and tokenizes identically)."""
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
-        lines = [self.ids_to_tokens[i] for i in range(len(self.ids_to_tokens))]
         config = {
             "tokenizer_class": "BertTokenizer",
             "do_lower_case": self.do_lower_case,
@@ -197,7 +199,7 @@ class BertTokenizer:
         }
         self._configure(None, None, 0)
         files = {
-            "vocab.txt": "".join(t + "\n" for t in lines),
+            "vocab.txt": "".join(t + "\n" for t in self._lines),
             "tokenizer_config.json": json.dumps(config, indent=2) + "\n",
             "special_tokens_map.json": json.dumps(self.special_tokens, indent=2) + "\n",
             "tokenizer.json": self._tok.to_str(),
@@ -226,7 +228,13 @@ class BertTokenizer:
         if pair is not None:
             _check_text(pair, "text_pair")
         self._configure(None, None, 0)
-        return self._tok.encode(text, pair, add_special_tokens=add_special_tokens).tokens
+        enc = self._tok.encode(text, pair, add_special_tokens=add_special_tokens)
+        if self._unk_above is None:
+            return enc.tokens
+        return [
+            self.unk_token if i >= self._unk_above else t
+            for i, t in zip(enc.ids, enc.tokens, strict=True)
+        ]
 
     def convert_tokens_to_ids(self, tokens: str | list[str]) -> int | list[int]:
         if isinstance(tokens, str):
@@ -255,7 +263,7 @@ class BertTokenizer:
         text: str,
         text_pair: str | None = None,
         add_special_tokens: bool = True,
-        truncation: bool | str = False,
+        truncation: bool | str | None = None,
         max_length: int | None = None,
         return_tensors: str | None = None,
     ) -> list[int] | torch.Tensor:
@@ -268,6 +276,8 @@ class BertTokenizer:
     def decode(self, ids: Iterable[int] | torch.Tensor, skip_special_tokens: bool = False) -> str:
         """Text from ids: word pieces joined back (``play ##ing`` -> ``playing``)."""
         if isinstance(ids, torch.Tensor):
+            if ids.dim() == 2:
+                return self.batch_decode(ids, skip_special_tokens=skip_special_tokens)
             ids = ids.reshape(-1).tolist()
         ids = [int(i) for i in ids]
         for i in ids:
@@ -285,7 +295,7 @@ class BertTokenizer:
         *,
         add_special_tokens: bool = True,
         padding: bool | str = False,
-        truncation: bool | str = False,
+        truncation: bool | str | None = None,
         max_length: int | None = None,
         stride: int = 0,
         pad_to_multiple_of: int | None = None,
@@ -300,7 +310,8 @@ class BertTokenizer:
         """Encode one text or a batch (and their pairs), as transformers' tokenizers do.
 
         padding: False | "longest" (True) | "max_length";  truncation: False | "longest_first"
-        (True) | "only_first" | "only_second";  max_length defaults to model_max_length.
+        (True) | "only_first" | "only_second" (None: longest_first when max_length is given
+        without padding, as transformers does);  max_length defaults to model_max_length.
         With ``return_overflowing_tokens``, a text too long for ``max_length`` gives several
         windows that overlap by ``stride`` tokens, and ``overflow_to_sample_mapping`` names the
         example each window came from (what SQuAD's document stride needs).
@@ -314,6 +325,8 @@ class BertTokenizer:
             raise ValueError(f"{len(texts)} texts but {len(pairs)} text pairs")
         if padding not in PADDING:
             raise ValueError(f"padding {padding!r} is not one of {list(PADDING)}")
+        if truncation is None:
+            truncation = max_length is not None and PADDING.get(padding, 0) is None
         if truncation not in TRUNCATION:
             raise ValueError(f"truncation {truncation!r} is not one of {list(TRUNCATION)}")
         if return_tensors not in (None, "pt"):
@@ -344,6 +357,9 @@ class BertTokenizer:
             )
 
         data: dict[str, Any] = {"input_ids": [e.ids for e in windows]}
+        if self._unk_above is not None:
+            top, unk = self._unk_above, self.unk_token_id
+            data["input_ids"] = [[unk if i >= top else i for i in ids] for ids in data["input_ids"]]
         if return_token_type_ids:
             data["token_type_ids"] = [e.type_ids for e in windows]
         if return_attention_mask:
@@ -358,8 +374,8 @@ class BertTokenizer:
             data["overflow_to_sample_mapping"] = sample
         if return_tensors == "pt":
             data = {k: torch.tensor(v) for k, v in data.items()}
-        elif single and not return_overflowing_tokens:
-            data = {k: v[0] for k, v in data.items()}
+        elif single and not return_overflowing_tokens:  # transformers keeps "length" a list
+            data = {k: (v if k == "length" else v[0]) for k, v in data.items()}
         return BatchEncoding(data, windows)
 
     # ----------------------------------------------------------------------------- helpers
@@ -517,7 +533,8 @@ def train_vocab(
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     config = {"tokenizer_class": "BertTokenizer", "do_lower_case": lowercase,
-              "strip_accents": None, "tokenize_chinese_chars": True}  # fmt: skip
+              "strip_accents": None, "tokenize_chinese_chars": True,
+              "model_max_length": 512}  # fmt: skip
     text = "".join(t + "\n" for t, _ in vocab)
     _atomic_write(out / "vocab.txt", lambda p: Path(p).write_text(text, "utf-8"))
     _atomic_write(

@@ -57,3 +57,38 @@ def test_summary_of_bert_base_counts_199_named_parameters(capsys):
     # reference 001: "This BERT model has 199 different named parameters"
     code, out, _ = run(capsys, "summary", "base")
     assert code == 0 and "Named parameter tensors: 199" in out and "109,482,240" in out
+
+
+def test_tokenize_shows_tokens_ids_types_and_offsets(capsys):
+    code, out, _ = run(capsys, "tokenize", "I am Sinan", "--pair", "She is Zoe")
+    assert code == 0
+    rows = [line.split() for line in out.splitlines()]
+    assert ["3", "sin", "8254", "0", "2", "5:8", "Sin"] in rows
+    assert ["4", "##an", "2319", "0", "2", "8:10", "an"] in rows
+    assert ["6", "she", "2016", "1", "0", "0:3", "She"] in rows  # segment B: type 1
+
+
+def test_train_vocab_command_writes_a_loadable_vocabulary(capsys, tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("The Cat sat on the Mat.\nA cat and a mat!\n" * 50, encoding="utf-8")
+    code, out, _ = run(capsys, "train-vocab", str(corpus), "-o", str(tmp_path / "v"),
+                       "--vocab-size", "60", "--cased")  # fmt: skip
+    assert code == 0 and "cased" in out
+    from bertlab import BertTokenizer
+
+    tok = BertTokenizer.from_pretrained(tmp_path / "v")
+    assert tok.do_lower_case is False and "Cat" in tok.tokenize("Cat")
+    code, _, err = run(capsys, "train-vocab", str(tmp_path / "missing.txt"), "-o", str(tmp_path))
+    assert code == 2 and "missing.txt" in err
+
+
+def test_bench_tokenizer_reports_both_sides(capsys, tmp_path):
+    out_file = tmp_path / "report.json"
+    code, out, _ = run(capsys, "bench", "tokenizer", "--data", str(tmp_path / "none"),
+                       "--repeats", "1", "--out", str(out_file))  # fmt: skip
+    assert code == 0 and "ratio" in out
+    import json
+
+    report = json.loads(out_file.read_text())
+    assert report["tokens"] > 1000 and set(report["tokens_per_s"]) == {"bertlab", "transformers"}
+    assert report["machine"]["cores"] >= 1 and "repository samples" in report["data"]
