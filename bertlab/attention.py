@@ -1,11 +1,16 @@
 """Attention kernels. Every kernel has one signature and is picked by name from ``BACKENDS``.
 
-    kernel(q, k, v, mask, dropout_p, need_weights) -> (context, probs or None)
+    kernel(q, k, v, layout, dropout_p, need_weights) -> (context, probs or None)
 
+Padded kernels ("eager", "sdpa"):
     q, k, v: (B, A, T, D)  queries, keys, values per head (A heads of size D)
-    mask:    (B, T) bool, True where a key is a real token, or None when there is no padding
+    layout:  (B, T) bool, True where a key is a real token, or None when there is no padding
     context: (B, A, T, D)  softmax(q k^T / sqrt(D) + mask) v
     probs:   (B, A, T, T)  the attention probabilities, or None when the kernel cannot give them
+The packed kernel ("packed"):
+    q, k, v: (N, A, D)     the real tokens only, sequence after sequence
+    layout:  a packing.Packing, which says where each sequence starts
+    context: (N, A, D)     each sequence attends over its own tokens only; probs is None
 
 Padding keys get a score of the dtype's most negative value, so their probability is exactly 0
 (as in the reference implementation) and a padded row equals the same sequence alone.
@@ -17,6 +22,13 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+
+from .packing import Packing
+
+try:  # variable-length flash attention (CUDA, half precision), in recent PyTorch
+    from torch.nn.attention.varlen import varlen_attn
+except ImportError:  # pragma: no cover - older PyTorch
+    varlen_attn = None
 
 Kernel = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, float, bool],
@@ -58,7 +70,54 @@ def sdpa_attention(
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p), None
 
 
+def packed_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    packing: Packing,
+    dropout_p: float,
+    need_weights: bool = False,
+) -> tuple[torch.Tensor, None]:
+    """Attention over packed tokens, each sequence on its own, no padding computed.
+
+    A batch without padding runs as one batched SDPA call. On CUDA in half precision without
+    dropout, PyTorch's variable-length flash kernel does all sequences in one call. Otherwise
+    each sequence is one small attention: the explicit equation (on CPU this beats the fused
+    kernel at BERT's lengths, see benchmarks/)."""
+    if need_weights:
+        raise ValueError("the packed kernel does not return attention probabilities")
+    N, A, D = q.shape
+    if packing.dense:  # (B*T, A, D) -> (B, A, T, D)
+        B, T = packing.batch, packing.seq_len
+
+        def heads(t: torch.Tensor) -> torch.Tensor:
+            return t.view(B, T, A, D).transpose(1, 2)
+
+        out = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), dropout_p=dropout_p)
+        return out.transpose(1, 2).reshape(N, A, D), None
+    if (
+        varlen_attn is not None
+        and q.is_cuda
+        and q.dtype in (torch.float16, torch.bfloat16)
+        and dropout_p == 0.0
+    ):
+        cu, m = packing.cu_seqlens, packing.max_seqlen
+        return varlen_attn(q, k, v, cu, cu, m, m), None
+    qh = (q * D**-0.5).transpose(0, 1)  # scaled once for all sequences; (A, N, D)
+    kh, vh = k.transpose(0, 1), v.transpose(0, 1)
+    outs = []
+    start = 0
+    for n in packing.lengths:
+        s = slice(start, start + n)
+        scores = torch.matmul(qh[:, s], kh[:, s].transpose(-1, -2))  # (A, n, n)
+        probs = scores.softmax(dim=-1)  # accumulates in float32 for half types
+        outs.append(torch.matmul(F.dropout(probs, p=dropout_p), vh[:, s]))  # (A, n, D)
+        start += n
+    return torch.cat(outs, dim=1).transpose(0, 1), None
+
+
 BACKENDS: dict[str, Kernel] = {
     "eager": eager_attention,
     "sdpa": sdpa_attention,
+    "packed": packed_attention,
 }

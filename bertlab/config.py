@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 ACTIVATIONS = ("gelu", "gelu_new", "relu", "silu")
-ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
+ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "packed")
 POSITION_INITS = ("normal", "sinusoidal")
 
 # (layers, hidden, heads). Intermediate size is 4*hidden and heads hidden/64 in the published
@@ -84,8 +84,9 @@ class BertConfig:
     # position_init: "normal" (as BERT) or "sinusoidal" (the fixed encoding of Vaswani et al.
     # used as the starting point of the learned table, reference 003). Only affects init.
     position_init: str = "normal"
-    # Attention kernel: "eager" (explicit, can return probabilities) or "sdpa"
-    # (torch.nn.functional.scaled_dot_product_attention). A runtime choice: not saved.
+    # Attention kernel: "eager" (explicit, can return probabilities), "sdpa"
+    # (torch.nn.functional.scaled_dot_product_attention on the padded batch) or "packed"
+    # (padding removed after the embeddings, attention per sequence). A runtime choice: not saved.
     attn_implementation: str = "sdpa"
     architectures: tuple[str, ...] | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False)

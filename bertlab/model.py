@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import BACKENDS
+from .attention import BACKENDS, packed_attention
 from .config import ATTN_IMPLEMENTATIONS, BertConfig
 from .outputs import (
     BaseModelOutputWithPooling,
@@ -32,6 +33,7 @@ from .outputs import (
     SequenceClassifierOutput,
     TokenClassifierOutput,
 )
+from .packing import Packing
 
 ACTIVATIONS = {
     "gelu": lambda: nn.GELU(),  # exact, with erf: what BERT uses
@@ -39,7 +41,16 @@ ACTIVATIONS = {
     "relu": nn.ReLU,
     "silu": nn.SiLU,
 }
+# The same functions, overwriting their input: used when no gradient is recorded, to save
+# allocating (and page-faulting in) a fresh (tokens, I) buffer in every layer.
+ACTIVATIONS_INPLACE = {
+    "gelu": lambda t: torch.ops.aten.gelu_(t),
+    "gelu_new": lambda t: torch.ops.aten.gelu_(t, approximate="tanh"),
+    "relu": torch.relu_,
+    "silu": lambda t: F.silu(t, inplace=True),
+}
 IGNORE_INDEX = -100  # label value that the losses skip
+Layout = torch.Tensor | Packing | None  # how a batch is laid out: a padding mask, or packed
 
 
 # ============================================================================ embeddings
@@ -72,7 +83,7 @@ class BertEmbeddings(nn.Module):
     ) -> torch.Tensor:  # (B, T, H)
         if inputs_embeds is None:
             inputs_embeds = self.word_embeddings(input_ids)
-        T = inputs_embeds.shape[1]
+        T = inputs_embeds.shape[-2]  # the sequence length (or N tokens, packed)
         if position_ids is None:
             position_ids = torch.arange(T, device=inputs_embeds.device)
         if token_type_ids is None:
@@ -97,19 +108,25 @@ class BertSelfAttention(nn.Module):
         self.attn_implementation = attn_implementation
 
     def forward(
-        self, x: torch.Tensor, mask: torch.Tensor | None, need_weights: bool = False
+        self, x: torch.Tensor, layout: Layout, need_weights: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x (B, T, H), mask (B, T) bool or None -> context (B, T, H), probs (B, A, T, T) | None."""
-        B, T, H = x.shape
-        A = self.num_heads
+        """Padded: x (B, T, H), layout the (B, T) bool mask or None -> context (B, T, H) and
+        probs (B, A, T, T) or None. Packed: x (N, H), layout a Packing -> context (N, H)."""
+        A, H = self.num_heads, x.shape[-1]
+        p = self.dropout_p if self.training else 0.0
+        if isinstance(layout, Packing):
+            q, k, v = (t.view(-1, A, H // A) for t in (self.query(x), self.key(x), self.value(x)))
+            context, _ = packed_attention(q, k, v, layout, p)
+            return context.reshape(-1, H), None
+        B, T, _ = x.shape
 
         def heads(t: torch.Tensor) -> torch.Tensor:  # (B, T, H) -> (B, A, T, D)
             return t.view(B, T, A, H // A).transpose(1, 2)
 
         q, k, v = heads(self.query(x)), heads(self.key(x)), heads(self.value(x))
-        kernel = BACKENDS[self.attn_implementation]
-        p = self.dropout_p if self.training else 0.0
-        context, probs = kernel(q, k, v, mask, p, need_weights)
+        # A packed model asked for attention probabilities runs padded for that call.
+        name = "sdpa" if self.attn_implementation == "packed" else self.attn_implementation
+        context, probs = BACKENDS[name](q, k, v, layout, p, need_weights)
         return context.transpose(1, 2).reshape(B, T, H), probs
 
 
@@ -123,7 +140,7 @@ class BertSelfOutput(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, context: torch.Tensor, x: torch.Tensor) -> torch.Tensor:  # (B, T, H)
-        return self.LayerNorm(self.dropout(self.dense(context)) + x)
+        return self.LayerNorm(self.dropout(self.dense(context)).add_(x))
 
 
 class BertAttention(nn.Module):
@@ -145,9 +162,9 @@ class BertAttention(nn.Module):
         self.output = BertSelfOutput(hidden_size, layer_norm_eps, hidden_dropout)
 
     def forward(
-        self, x: torch.Tensor, mask: torch.Tensor | None, need_weights: bool = False
+        self, x: torch.Tensor, layout: Layout, need_weights: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        context, probs = self.self(x, mask, need_weights)
+        context, probs = self.self(x, layout, need_weights)
         return self.output(context, x), probs
 
 
@@ -159,9 +176,13 @@ class BertIntermediate(nn.Module):
         super().__init__()
         self.dense = nn.Linear(hidden_size, intermediate_size)
         self.intermediate_act_fn = ACTIVATIONS[hidden_act]()
+        self.hidden_act = hidden_act
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, H) -> (B, T, I)
-        return self.intermediate_act_fn(self.dense(x))
+        h = self.dense(x)
+        if h.requires_grad:
+            return self.intermediate_act_fn(h)
+        return ACTIVATIONS_INPLACE[self.hidden_act](h)
 
 
 class BertOutput(nn.Module):
@@ -176,7 +197,7 @@ class BertOutput(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:  # (B,T,I),(B,T,H)->(B,T,H)
-        return self.LayerNorm(self.dropout(self.dense(h)) + x)
+        return self.LayerNorm(self.dropout(self.dense(h)).add_(x))
 
 
 # ============================================================================ layer, encoder
@@ -201,9 +222,9 @@ class BertLayer(nn.Module):
         )
 
     def forward(
-        self, x: torch.Tensor, mask: torch.Tensor | None, need_weights: bool = False
+        self, x: torch.Tensor, layout: Layout, need_weights: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        a, probs = self.attention(x, mask, need_weights)
+        a, probs = self.attention(x, layout, need_weights)
         return self.output(self.intermediate(a), a), probs
 
 
@@ -214,15 +235,15 @@ class BertEncoder(nn.Module):
 
     def forward(
         self,
-        x: torch.Tensor,  # (B, T, H)
-        mask: torch.Tensor | None,  # (B, T) bool
+        x: torch.Tensor,  # (B, T, H) padded, or (N, H) packed
+        layout: Layout,  # (B, T) bool mask or None, or a Packing
         output_hidden_states: bool = False,
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, tuple | None, tuple | None]:
         hidden_states = [x] if output_hidden_states else None
         attentions = [] if output_attentions else None
         for layer in self.layer:
-            x, probs = layer(x, mask, output_attentions)
+            x, probs = layer(x, layout, output_attentions)
             if output_hidden_states:
                 hidden_states.append(x)
             if output_attentions:
@@ -242,8 +263,9 @@ class BertPooler(nn.Module):
         self.dense = nn.Linear(hidden_size, hidden_size)
         self.activation = nn.Tanh()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, H) -> (B, H)
-        return self.activation(self.dense(x[:, 0]))
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, H) -> (B, H), reading position 0; or the [CLS] vectors (B, H) directly."""
+        return self.activation(self.dense(x[:, 0] if x.dim() == 3 else x))
 
 
 # ============================================================================ base class
@@ -302,7 +324,8 @@ class BertPreTrainedModel(nn.Module):
         for m in self.modules():
             if isinstance(m, BertSelfAttention):
                 m.attn_implementation = name
-        self.config = self.config.replace(attn_implementation=name)
+            elif isinstance(m, BertPreTrainedModel):  # this model and the encoder inside it
+                m.config = m.config.replace(attn_implementation=name)
 
     def num_parameters(self, trainable_only: bool = False) -> int:
         """Distinct parameters (tied weights counted once)."""
@@ -443,6 +466,58 @@ class BertModel(BertPreTrainedModel):
     def base_model(self) -> BertModel:
         return self
 
+    def encode(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+    ) -> Encoded:
+        """Run the encoder; the heads call this. With the packed kernel the result stays packed
+        (N, H): padding is removed once, here, before the embeddings, and only put back where a
+        caller asks for padded outputs (``Encoded.padded``)."""
+        B, T = check_inputs(
+            self.config, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds
+        )
+        if self.config.attn_implementation == "packed" and not output_attentions:
+            device = (input_ids if input_ids is not None else inputs_embeds).device
+            packing = Packing.from_mask(attention_mask, B, T, device)
+            if position_ids is None:  # each token's column, as in the padded layout
+                position_ids = torch.arange(T, device=device)
+            positions = packing.unpad(position_ids.expand(B, T).unsqueeze(-1)).squeeze(-1)
+            types = None if token_type_ids is None else packing.unpad(token_type_ids)
+            ids = None if input_ids is None else packing.unpad(input_ids)
+            embeds = None if inputs_embeds is None else packing.unpad(inputs_embeds)
+            x = self.embeddings(ids, types, positions, embeds)  # (N, H)
+            layout: Layout = packing
+        else:
+            packing = None
+            x = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
+            layout = None
+            if attention_mask is not None:
+                layout = attention_mask.bool()
+                empty = (~layout.any(1)).nonzero()
+                if len(empty):
+                    raise ValueError(
+                        f"row {int(empty[0])} of attention_mask has no tokens (all padding): "
+                        "there is nothing for it to attend over"
+                    )
+                if bool(layout.all()):
+                    layout = None  # no padding: let the kernel skip the mask
+        x, hidden_states, attentions = self.encoder(
+            x, layout, output_hidden_states, output_attentions
+        )
+        pooled = None
+        if self.pooler is not None:
+            pooled = self.pooler(x if packing is None else packing.first_tokens(x))
+        enc = Encoded(x, packing, pooled, None, attentions)
+        if hidden_states is not None:
+            enc.hidden_states = tuple(enc.padded(h) for h in hidden_states)
+        return enc
+
     def forward(
         self,
         input_ids: torch.Tensor | None = None,  # (B, T) token ids
@@ -453,24 +528,35 @@ class BertModel(BertPreTrainedModel):
         output_hidden_states: bool = False,
         output_attentions: bool = False,
     ) -> BaseModelOutputWithPooling:
-        check_inputs(
-            self.config, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds
-        )
-        x = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
-        mask = None
-        if attention_mask is not None:
-            mask = attention_mask.bool()
-            if bool(mask.all()):
-                mask = None  # no padding: let the kernel skip the mask
-        x, hidden_states, attentions = self.encoder(
-            x, mask, output_hidden_states, output_attentions
-        )
+        enc = self.encode(
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+            output_hidden_states, output_attentions,
+        )  # fmt: skip
         return BaseModelOutputWithPooling(
-            last_hidden_state=x,
-            pooler_output=self.pooler(x) if self.pooler is not None else None,
-            hidden_states=hidden_states,
-            attentions=attentions,
+            last_hidden_state=enc.padded(enc.hidden),  # (B, T, H); zeros at padding if packed
+            pooler_output=enc.pooled,
+            hidden_states=enc.hidden_states,
+            attentions=enc.attentions,
         )
+
+
+@dataclass
+class Encoded:
+    """What the encoder gives the heads: hidden states in the layout they were computed in."""
+
+    hidden: torch.Tensor  # (B, T, H) padded, or (N, H) packed
+    packing: Packing | None  # how to go between the two (None: padded)
+    pooled: torch.Tensor | None  # (B, H)
+    hidden_states: tuple[torch.Tensor, ...] | None  # L+1 of (B, T, H)
+    attentions: tuple[torch.Tensor, ...] | None  # L of (B, A, T, T)
+
+    def padded(self, t: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
+        """A per-token tensor in the hidden layout -> (B, T, ...), ``fill`` at padding."""
+        return t if self.packing is None else self.packing.pad(t, fill)
+
+    def per_token(self, t: torch.Tensor) -> torch.Tensor:
+        """A (B, T, ...) tensor (labels) -> the hidden layout."""
+        return t if self.packing is None else self.packing.unpad(t)
 
 
 # ============================================================================ heads
@@ -552,8 +638,9 @@ class BertForPreTraining(BertPreTrainedModel):
         next_sentence_label: torch.Tensor | None = None,  # (B,) 0 = B follows A, 1 = random
         output_hidden_states: bool = False,
         output_attentions: bool = False,
+        return_logits: bool = True,  # False (with labels): score only the labelled positions
     ) -> BertForPreTrainingOutput:
-        out = self.bert(
+        enc = self.bert.encode(
             input_ids,
             attention_mask,
             token_type_ids,
@@ -562,17 +649,18 @@ class BertForPreTraining(BertPreTrainedModel):
             output_hidden_states,
             output_attentions,
         )
-        mlm_logits = self.cls.predictions(out.last_hidden_state)  # (B, T, V)
-        nsp_logits = self.cls.seq_relationship(out.pooler_output)  # (B, 2)
+        if (labels is None) != (next_sentence_label is None):
+            raise ValueError("BertForPreTraining needs both labels and next_sentence_label")
+        mlm_loss, mlm_logits = _masked_lm(self.cls.predictions, enc, labels, return_logits)
+        nsp_logits = self.cls.seq_relationship(enc.pooled)  # (B, 2)
         loss = None
-        if labels is not None or next_sentence_label is not None:
-            if labels is None or next_sentence_label is None:
-                raise ValueError("BertForPreTraining needs both labels and next_sentence_label")
-            loss = _cross_entropy(
-                mlm_logits.view(-1, mlm_logits.shape[-1]), labels.reshape(-1), "MLM label"
-            ) + _cross_entropy(nsp_logits, next_sentence_label.reshape(-1), "next_sentence_label")
+        if labels is not None:
+            nsp_loss = _cross_entropy(
+                nsp_logits, next_sentence_label.reshape(-1), "next_sentence_label"
+            )
+            loss = mlm_loss + nsp_loss
         return BertForPreTrainingOutput(
-            loss, mlm_logits, nsp_logits, out.hidden_states, out.attentions
+            loss, mlm_logits, nsp_logits, enc.hidden_states, enc.attentions
         )
 
 
@@ -595,8 +683,9 @@ class BertForMaskedLM(BertPreTrainedModel):
         labels: torch.Tensor | None = None,  # (B, T), -100 where not predicted
         output_hidden_states: bool = False,
         output_attentions: bool = False,
+        return_logits: bool = True,  # False (with labels): score only the labelled positions
     ) -> MaskedLMOutput:
-        out = self.bert(
+        enc = self.bert.encode(
             input_ids,
             attention_mask,
             token_type_ids,
@@ -605,11 +694,8 @@ class BertForMaskedLM(BertPreTrainedModel):
             output_hidden_states,
             output_attentions,
         )
-        logits = self.cls.predictions(out.last_hidden_state)  # (B, T, V)
-        loss = None
-        if labels is not None:
-            loss = _cross_entropy(logits.view(-1, logits.shape[-1]), labels.reshape(-1), "label")
-        return MaskedLMOutput(loss, logits, out.hidden_states, out.attentions)
+        loss, logits = _masked_lm(self.cls.predictions, enc, labels, return_logits)
+        return MaskedLMOutput(loss, logits, enc.hidden_states, enc.attentions)
 
 
 class BertForNextSentencePrediction(BertPreTrainedModel):
@@ -630,7 +716,7 @@ class BertForNextSentencePrediction(BertPreTrainedModel):
         output_hidden_states: bool = False,
         output_attentions: bool = False,
     ) -> NextSentencePredictorOutput:
-        out = self.bert(
+        enc = self.bert.encode(
             input_ids,
             attention_mask,
             token_type_ids,
@@ -639,9 +725,27 @@ class BertForNextSentencePrediction(BertPreTrainedModel):
             output_hidden_states,
             output_attentions,
         )
-        logits = self.cls.seq_relationship(out.pooler_output)  # (B, 2)
+        logits = self.cls.seq_relationship(enc.pooled)  # (B, 2)
         loss = None if labels is None else _cross_entropy(logits, labels.reshape(-1), "label")
-        return NextSentencePredictorOutput(loss, logits, out.hidden_states, out.attentions)
+        return NextSentencePredictorOutput(loss, logits, enc.hidden_states, enc.attentions)
+
+
+def _masked_lm(
+    head: BertLMPredictionHead, enc: Encoded, labels: torch.Tensor | None, return_logits: bool
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """MLM loss and logits (B, T, V). With ``return_logits=False`` and labels, only the
+    positions that have a label are scored, as the original pre-training code does (it gathers
+    the masked positions): about 15% of the vocabulary projection, and the logits are None."""
+    flat = None if labels is None else enc.per_token(labels).reshape(-1)
+    if return_logits or labels is None:
+        logits = head(enc.hidden)  # (B, T, V), or (N, V) packed
+        loss = None if flat is None else _cross_entropy(logits.view(-1, logits.shape[-1]), flat,
+                                                        "MLM label")  # fmt: skip
+        return loss, enc.padded(logits)
+    _check_labels(flat, head.bias.shape[0], "MLM label")
+    keep = (flat != IGNORE_INDEX).nonzero().squeeze(1)
+    hidden = enc.hidden.reshape(-1, enc.hidden.shape[-1]).index_select(0, keep)
+    return F.cross_entropy(head(hidden).float(), flat[keep]), None
 
 
 def _dropout_p(config: BertConfig) -> float:
@@ -672,7 +776,7 @@ class BertForSequenceClassification(BertPreTrainedModel):
         output_hidden_states: bool = False,
         output_attentions: bool = False,
     ) -> SequenceClassifierOutput:
-        out = self.bert(
+        enc = self.bert.encode(
             input_ids,
             attention_mask,
             token_type_ids,
@@ -681,9 +785,9 @@ class BertForSequenceClassification(BertPreTrainedModel):
             output_hidden_states,
             output_attentions,
         )
-        logits = self.classifier(self.dropout(out.pooler_output))  # (B, K)
+        logits = self.classifier(self.dropout(enc.pooled))  # (B, K)
         loss = None if labels is None else self._loss(logits, labels)
-        return SequenceClassifierOutput(loss, logits, out.hidden_states, out.attentions)
+        return SequenceClassifierOutput(loss, logits, enc.hidden_states, enc.attentions)
 
     def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         kind = self.config.problem_type
@@ -730,7 +834,7 @@ class BertForTokenClassification(BertPreTrainedModel):
         output_hidden_states: bool = False,
         output_attentions: bool = False,
     ) -> TokenClassifierOutput:
-        out = self.bert(
+        enc = self.bert.encode(
             input_ids,
             attention_mask,
             token_type_ids,
@@ -739,11 +843,12 @@ class BertForTokenClassification(BertPreTrainedModel):
             output_hidden_states,
             output_attentions,
         )
-        logits = self.classifier(self.dropout(out.last_hidden_state))  # (B, T, K)
+        logits = self.classifier(self.dropout(enc.hidden))  # (B, T, K), or (N, K) packed
         loss = None
         if labels is not None:
-            loss = _cross_entropy(logits.view(-1, self.num_labels), labels.reshape(-1), "label")
-        return TokenClassifierOutput(loss, logits, out.hidden_states, out.attentions)
+            flat = enc.per_token(labels).reshape(-1)
+            loss = _cross_entropy(logits.view(-1, self.num_labels), flat, "label")
+        return TokenClassifierOutput(loss, enc.padded(logits), enc.hidden_states, enc.attentions)
 
 
 class BertForQuestionAnswering(BertPreTrainedModel):
@@ -767,7 +872,7 @@ class BertForQuestionAnswering(BertPreTrainedModel):
         output_hidden_states: bool = False,
         output_attentions: bool = False,
     ) -> QuestionAnsweringModelOutput:
-        out = self.bert(
+        enc = self.bert.encode(
             input_ids,
             attention_mask,
             token_type_ids,
@@ -776,7 +881,10 @@ class BertForQuestionAnswering(BertPreTrainedModel):
             output_hidden_states,
             output_attentions,
         )
-        start_logits, end_logits = self.qa_outputs(out.last_hidden_state).unbind(-1)  # (B, T)
+        # Packed, padding positions get the lowest score: never an answer, and outside the loss.
+        logits = self.qa_outputs(enc.hidden)
+        logits = enc.padded(logits, fill=torch.finfo(logits.dtype).min)
+        start_logits, end_logits = logits.unbind(-1)  # (B, T)
         loss = None
         if start_positions is not None and end_positions is not None:
             # As in the reference: positions outside the sequence (an answer cut off by a
@@ -792,8 +900,8 @@ class BertForQuestionAnswering(BertPreTrainedModel):
             loss,
             start_logits.contiguous(),
             end_logits.contiguous(),
-            out.hidden_states,
-            out.attentions,
+            enc.hidden_states,
+            enc.attentions,
         )
 
 
@@ -829,7 +937,7 @@ class BertForMultipleChoice(BertPreTrainedModel):
         def flat(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t.reshape(B * C, *t.shape[2:])
 
-        out = self.bert(
+        enc = self.bert.encode(
             flat(input_ids),
             flat(attention_mask),
             flat(token_type_ids),
@@ -838,9 +946,9 @@ class BertForMultipleChoice(BertPreTrainedModel):
             output_hidden_states,
             output_attentions,
         )
-        logits = self.classifier(self.dropout(out.pooler_output)).view(B, C)
+        logits = self.classifier(self.dropout(enc.pooled)).view(B, C)
         loss = None if labels is None else _cross_entropy(logits, labels.reshape(-1), "label")
-        return MultipleChoiceModelOutput(loss, logits, out.hidden_states, out.attentions)
+        return MultipleChoiceModelOutput(loss, logits, enc.hidden_states, enc.attentions)
 
 
 # Every model class by the name transformers gives it (the "architectures" of config.json).

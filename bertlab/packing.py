@@ -1,0 +1,77 @@
+"""The packed (unpadded) layout: the only place that knows it.
+
+A padded batch (B, T, ...) with an attention mask holds N <= B*T real tokens. Packed, those N
+tokens sit one after another in an (N, ...) tensor, sequence by sequence; ``cu_seqlens`` gives
+where each sequence starts (sequence b is rows cu_seqlens[b]:cu_seqlens[b+1]). Every linear
+layer, LayerNorm and activation then runs on real tokens only; attention runs per sequence.
+
+When a batch has no padding at all, packing is the identity: the (B*T, ...) view of the batch,
+and attention can run batched (``Packing.dense``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Packing:
+    """Where the real tokens of a padded (B, T) batch are."""
+
+    batch: int  # B
+    seq_len: int  # T
+    indices: torch.Tensor | None  # (N,) positions of the real tokens in the flat (B*T) batch;
+    #                               None when there is no padding (N = B*T)
+    cu_seqlens: torch.Tensor  # (B+1,) int32: sequence b is packed rows cu[b]:cu[b+1]
+    lengths: tuple[int, ...]  # (B,) real tokens per sequence
+    max_seqlen: int
+
+    @property
+    def dense(self) -> bool:
+        """True when no row has padding: the packed tensor is just the batch, flattened."""
+        return self.indices is None
+
+    @property
+    def total(self) -> int:
+        """N, the number of real tokens."""
+        return int(sum(self.lengths))
+
+    @classmethod
+    def from_mask(cls, mask: torch.Tensor | None, batch: int, seq_len: int, device) -> Packing:
+        """mask (B, T), nonzero at real tokens, or None for no padding. Every row must hold a
+        token: an all-padding row has nothing to attend over and is refused."""
+        if mask is None or bool(mask.bool().all()):
+            lengths = (seq_len,) * batch
+            indices = None
+        else:
+            mask = mask.bool()
+            counts = mask.sum(1)
+            empty = (counts == 0).nonzero()
+            if len(empty):
+                raise ValueError(
+                    f"row {int(empty[0])} of attention_mask has no tokens (all padding): "
+                    "there is nothing for it to attend over"
+                )
+            lengths = tuple(counts.tolist())
+            indices = mask.reshape(-1).nonzero().squeeze(1)
+        cu = torch.zeros(batch + 1, dtype=torch.int32)
+        cu[1:] = torch.tensor(lengths).cumsum(0)
+        return cls(batch, seq_len, indices, cu.to(device), lengths, max(lengths))
+
+    def unpad(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, ...) -> (N, ...): the real tokens, sequence by sequence."""
+        flat = x.reshape(self.batch * self.seq_len, *x.shape[2:])
+        return flat if self.indices is None else flat.index_select(0, self.indices)
+
+    def pad(self, x: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
+        """(N, ...) -> (B, T, ...), ``fill`` at the padding positions."""
+        if self.indices is not None:
+            full = x.new_full((self.batch * self.seq_len, *x.shape[1:]), fill)
+            x = full.index_copy(0, self.indices, x)
+        return x.reshape(self.batch, self.seq_len, *x.shape[1:])
+
+    def first_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        """(N, ...) -> (B, ...): each sequence's first real token (its [CLS])."""
+        return x.index_select(0, self.cu_seqlens[:-1].long())
