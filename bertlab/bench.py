@@ -111,3 +111,227 @@ def bench_tokenizer(
         "ratio": med["transformers"] / med["bertlab"],
         "transformers": transformers.__version__,
     }
+
+
+# ============================================================================ the network
+# name -> (kind, batch, length): length is an int, or (low, high) for lengths drawn uniformly.
+WORKLOADS: dict[str, tuple[str, int, int | tuple[int, int]]] = {
+    "variable": ("inference", 32, (16, 256)),
+    "fixed128": ("inference", 32, 128),
+    "fixed512": ("inference", 8, 512),
+    "latency": ("inference", 1, 128),
+    "train": ("training", 32, 128),
+}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def model_flops(config, lengths: list[int], training: bool) -> float:
+    """Useful FLOPs of the encoder on real tokens only: 24*L*H^2 + 4*L*S*H per token forward
+    (S the token's own sequence length); a training step is 3x (forward + backward)."""
+    L, H = config.num_hidden_layers, config.hidden_size
+    fwd = sum(n * (24 * L * H * H + 4 * L * n * H) for n in lengths)
+    return 3 * fwd if training else fwd
+
+
+def matmul_rate(dtype: torch.dtype, device: str, n: int | None = None, repeats: int = 5) -> float:
+    """FLOP/s of a square matrix product in ``dtype``, measured here and now (median)."""
+    n = n or (8192 if device == "cuda" else 2048)
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    times = []
+    for _ in range(repeats + 1):
+        _sync(device)
+        start = time.perf_counter()
+        a @ b
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return 2 * n**3 / statistics.median(times[1:])
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+class _PeakRSS:
+    """Peak resident memory above the starting point while a block runs (CPU), sampled by a
+    thread; on CUDA, the allocator's peak."""
+
+    def __init__(self, device: str):
+        self.device, self.peak = device, 0
+
+    @staticmethod
+    def _rss() -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    def __enter__(self):
+        import threading
+
+        if self.device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+            self.start = torch.cuda.memory_allocated()
+            return self
+        self.start, self.peak, self._stop = self._rss(), self._rss(), threading.Event()
+
+        def sample() -> None:
+            while not self._stop.wait(0.002):
+                self.peak = max(self.peak, self._rss())
+
+        self._thread = threading.Thread(target=sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.device == "cuda":
+            self.mb = (torch.cuda.max_memory_allocated() - self.start) / 2**20
+            return
+        self._stop.set()
+        self._thread.join()
+        self.mb = (max(self.peak, self._rss()) - self.start) / 2**20
+
+
+def make_batch(config, workload: str, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Token ids, mask, segments (and pre-training labels) for a workload, from a seed."""
+    kind, batch, length = WORKLOADS[workload]
+    g = torch.Generator().manual_seed(seed)
+    if isinstance(length, tuple):
+        lengths = torch.randint(length[0], length[1] + 1, (batch,), generator=g)
+    else:
+        lengths = torch.full((batch,), length)
+    T = int(lengths.max())
+    mask = (torch.arange(T)[None] < lengths[:, None]).long()
+    ids = torch.randint(1000, config.vocab_size, (batch, T), generator=g) * mask
+    types = ((torch.arange(T)[None] >= (lengths[:, None] // 2)) & mask.bool()).long()
+    out = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+    if kind == "training":  # 15% of real tokens predicted, a random NSP label per pair
+        chosen = (torch.rand(batch, T, generator=g) < 0.15) & mask.bool()
+        out["labels"] = torch.where(chosen, ids, torch.full_like(ids, -100))
+        out["next_sentence_label"] = torch.randint(0, 2, (batch,), generator=g)
+    return out
+
+
+def _load_pair(model: str, kind: str, attn: str):
+    """bertlab and transformers models with identical weights: the bundled checkpoint, or a
+    preset with random weights written once and read by both."""
+    import tempfile
+
+    import transformers
+
+    from . import model as bm
+    from .checkpoint import resolve_model_dir
+    from .config import PRESETS, BertConfig
+
+    ours_cls = bm.BertForPreTraining if kind == "training" else bm.BertModel
+    ref_cls = getattr(transformers, ours_cls.__name__)
+    if model in PRESETS:
+        torch.manual_seed(0)
+        directory = Path(tempfile.mkdtemp(prefix="bertlab-bench-"))
+        ours_cls(BertConfig.preset(model)).save_pretrained(directory)
+    else:
+        directory = resolve_model_dir(model)
+    ours = ours_cls.from_pretrained(directory, attn_implementation=attn)
+    ref = ref_cls.from_pretrained(str(directory), attn_implementation="sdpa")
+    return ours, ref
+
+
+def bench_model(
+    model: str, workload: str, dtype: str, repeats: int, device: str = "cpu", attn: str = "packed"
+) -> dict[str, Any]:
+    """One workload, bertlab (``attn`` kernel) against transformers (SDPA), same weights,
+    inputs, dtype, threads. Training: forward, backward and an AdamW step, with bfloat16 as
+    autocast over float32 weights."""
+    kind = WORKLOADS[workload][0]
+    training = kind == "training"
+    ours, ref = _load_pair(model, kind, attn)
+    torch_dtype = DTYPES[dtype]
+    batch = {k: v.to(device) for k, v in make_batch(ours.config, workload).items()}
+    lengths = batch["attention_mask"].sum(1).tolist()
+    tokens = int(sum(lengths))
+    runs = {}
+    for name, m in (("bertlab", ours), ("transformers", ref)):
+        m.to(device)
+        if training:
+            m.train()
+            runs[name] = _train_step(m, batch, torch_dtype, device, name == "bertlab")
+        else:
+            m.to(torch_dtype).eval()
+            inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")}
+            runs[name] = _infer(m, inputs, device)
+    times = alternate(runs, repeats)
+    peaks = {}
+    for name, fn in runs.items():
+        with _PeakRSS(device) as peak:
+            fn()
+        peaks[name] = round(peak.mb, 1)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    flops = model_flops(ours.config, lengths, training)
+    rate = matmul_rate(torch_dtype, device)
+    return {
+        "model": model,
+        "workload": workload,
+        "kind": kind,
+        "dtype": dtype,
+        "batch": len(lengths),
+        "real_tokens": tokens,
+        "padded_tokens": int(batch["attention_mask"].numel()),
+        "seconds": times,
+        "tokens_per_s": {k: tokens / v for k, v in med.items()},
+        "ratio": med["transformers"] / med["bertlab"],
+        "peak_memory_mb": peaks,
+        "matmul_tflops": rate / 1e12,
+        "useful_tflops": {k: flops / v / 1e12 for k, v in med.items()},
+        "useful_share_of_matmul": {k: flops / v / rate for k, v in med.items()},
+        "bertlab_kernel": attn,
+    }
+
+
+def _infer(model, inputs: dict[str, torch.Tensor], device: str) -> Callable[[], None]:
+    def go() -> None:
+        with torch.inference_mode():
+            model(**inputs)
+        _sync(device)
+
+    return go
+
+
+def _train_step(model, batch, dtype, device: str, ours: bool) -> Callable[[], None]:
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    extra = {"return_logits": False} if ours else {}
+
+    def go() -> None:
+        with torch.autocast(device, dtype=dtype, enabled=dtype != torch.float32):
+            loss = model(**batch, **extra).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        _sync(device)
+
+    return go
+
+
+def plot(report: dict[str, Any], path: str | os.PathLike) -> None:
+    """A bar chart of the speed ratios (bertlab / transformers) to PNG."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise ValueError("the chart needs matplotlib: pip install 'bertlab[bench]'") from e
+    rows = report["results"]
+    labels = [f"{r['model']}\n{r['workload']}\n{r['dtype']}" for r in rows]
+    ratios = [r["ratio"] for r in rows]
+    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(rows)), 4.5))
+    ax.bar(range(len(rows)), ratios, color=["#2a7" if x >= 1 else "#c44" for x in ratios])
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(rows)), labels, fontsize=7)
+    ax.set_ylabel("speed-up over transformers (x)")
+    m = report["machine"]
+    where = f"{m.get('device', 'cpu')}: {m['cpu']}, {m['torch_threads']} threads"
+    ax.set_title(f"bertlab vs transformers, real tokens/s ({where})", fontsize=9)
+    for i, x in enumerate(ratios):
+        ax.text(i, x, f"{x:.2f}", ha="center", va="bottom", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -179,22 +179,53 @@ def cmd_train_vocab(args: argparse.Namespace) -> int:
 
 # ============================================================================ bench
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .bench import bench_tokenizer, machine, tokenizer_texts
+    from .bench import WORKLOADS, bench_model, bench_tokenizer, machine, plot, tokenizer_texts
 
-    root = Path(__file__).resolve().parents[1]
-    data = Path(args.data) if args.data else root.parent / "shared" / "data"
-    texts, origin = tokenizer_texts(data if data.is_dir() else None, root / "tests" / "fixtures")
-    report = {"machine": machine(), "data": origin}
-    report.update(bench_tokenizer(args.model, texts, args.batch_size, args.repeats))
-    tps = report["tokens_per_s"]
-    print(f"tokenizer, {report['texts']:,} texts, {report['tokens']:,} tokens ({origin})")
-    print(f"  bertlab       {tps['bertlab']:>12,.0f} tokens/s")
-    print(f"  transformers  {tps['transformers']:>12,.0f} tokens/s")
-    print(f"  ratio         {report['ratio']:.2f}x (medians of {args.repeats} alternating runs)")
+    report: dict = {"machine": machine(), "results": []}
+    workloads = args.workloads or ["tokenizer", *WORKLOADS]
+    unknown = [w for w in workloads if w not in WORKLOADS and w != "tokenizer"]
+    if unknown:
+        raise ValueError(
+            f"unknown workload {unknown[0]!r}; choose from tokenizer, {', '.join(WORKLOADS)}"
+        )
+    if args.threads:
+        torch.set_num_threads(args.threads)
+        report["machine"]["torch_threads"] = args.threads
+    device = "cuda" if args.device == "cuda" else "cpu"
+    report["machine"]["device"] = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    if "tokenizer" in workloads:
+        root = Path(__file__).resolve().parents[1]
+        data = Path(args.data) if args.data else root.parent / "shared" / "data"
+        fixtures = root / "tests" / "fixtures"
+        texts, origin = tokenizer_texts(data if data.is_dir() else None, fixtures)
+        folders = [m for m in args.models.split(",") if m not in PRESETS]
+        r = bench_tokenizer(folders[0] if folders else "default", texts, repeats=args.repeats)
+        report["tokenizer"] = {"data": origin, **r}
+        tps = r["tokens_per_s"]
+        print(f"tokenizer  {r['texts']:,} texts ({origin})")
+        print(f"  bertlab {tps['bertlab']:,.0f} tokens/s, transformers "
+              f"{tps['transformers']:,.0f} tokens/s: {r['ratio']:.2f}x")  # fmt: skip
+    header = f"{'model':<9}{'workload':<10}{'dtype':<10}{'bertlab tok/s':>14}{'hf tok/s':>11}"
+    header += f"{'ratio':>8}{'peak MB b/hf':>15}{'useful/matmul b/hf':>20}"
+    for model in args.models.split(","):
+        for workload in (w for w in workloads if w != "tokenizer"):
+            for dtype in args.dtypes.split(","):
+                if not report["results"]:
+                    print(header)
+                r = bench_model(model, workload, dtype, args.repeats, device, args.kernel)
+                report["results"].append(r)
+                t, p, u = r["tokens_per_s"], r["peak_memory_mb"], r["useful_share_of_matmul"]
+                print(f"{model:<9}{workload:<10}{dtype:<10}{t['bertlab']:>14,.0f}"
+                      f"{t['transformers']:>11,.0f}{r['ratio']:>7.2f}x"
+                      f"{p['bertlab']:>8.0f}/{p['transformers']:<6.0f}"
+                      f"{u['bertlab']:>12.0%}/{u['transformers']:.0%}", flush=True)  # fmt: skip
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
         print(f"report: {args.out}")
+    if args.plot and report["results"]:
+        plot(report, args.plot)
+        print(f"chart: {args.plot}")
     return 0
 
 
@@ -248,12 +279,27 @@ def build_parser() -> argparse.ArgumentParser:
     tv.set_defaults(func=cmd_train_vocab)
 
     bench = sub.add_parser("bench", help="measure bertlab against transformers")
-    bench.add_argument("workload", choices=["tokenizer"])
-    bench.add_argument("--model", default=BUNDLED_NAMES[0], help="model folder (default: bundled)")
+    bench.add_argument("workloads", nargs="*",
+                       help="any of tokenizer, variable, fixed128, fixed512, latency, train "
+                       "(default: all)")  # fmt: skip
+    bench.add_argument(
+        "--models",
+        default="default,base",
+        help="comma-separated: model folders, 'default' (bundled) or presets",
+    )
+    bench.add_argument("--dtypes", default="float32,bfloat16")
+    bench.add_argument(
+        "--kernel",
+        default="packed",
+        choices=["packed", "sdpa", "eager"],
+        help="bertlab's attention kernel (transformers runs SDPA)",
+    )
+    bench.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    bench.add_argument("--threads", type=int, help="torch threads for both sides")
     bench.add_argument("--data", help="shared data folder (default: ../shared/data if present)")
-    bench.add_argument("--batch-size", type=int, default=1000)
     bench.add_argument("--repeats", type=int, default=5)
     bench.add_argument("--out", help="write the JSON report here")
+    bench.add_argument("--plot", help="write a bar chart of the ratios here (PNG)")
     bench.set_defaults(func=cmd_bench)
     return p
 

@@ -85,10 +85,40 @@ def test_train_vocab_command_writes_a_loadable_vocabulary(capsys, tmp_path):
 def test_bench_tokenizer_reports_both_sides(capsys, tmp_path):
     out_file = tmp_path / "report.json"
     code, out, _ = run(capsys, "bench", "tokenizer", "--data", str(tmp_path / "none"),
-                       "--repeats", "1", "--out", str(out_file))  # fmt: skip
-    assert code == 0 and "ratio" in out
+                       "--repeats", "1", "--out", str(out_file), "--models", "default")  # fmt: skip
+    assert code == 0 and "tokens/s" in out
     import json
 
-    report = json.loads(out_file.read_text())
+    report = json.loads(out_file.read_text())["tokenizer"]
     assert report["tokens"] > 1000 and set(report["tokens_per_s"]) == {"bertlab", "transformers"}
-    assert report["machine"]["cores"] >= 1 and "repository samples" in report["data"]
+    assert "repository samples" in report["data"]
+
+
+def test_bench_model_workloads_report_and_chart(capsys, tmp_path):
+    """Two workloads on the tiny preset, one repeat: the report holds both sides for each,
+    useful FLOPs are counted on real tokens only, and the chart is written."""
+    out_file, chart = tmp_path / "r.json", tmp_path / "r.png"
+    args = ["variable", "train", "--models", "tiny", "--dtypes", "float32", "--repeats", "1"]
+    code, out, _ = run(capsys, "bench", *args, "--out", str(out_file), "--plot", str(chart))
+    assert code == 0 and "variable" in out and "train" in out
+    import json
+
+    from bertlab.bench import model_flops
+
+    report = json.loads(out_file.read_text())
+    variable, train = report["results"]
+    assert variable["real_tokens"] < variable["padded_tokens"]  # lengths 16..256, padded
+    assert train["real_tokens"] == train["padded_tokens"] == 32 * 128
+    from bertlab import BertConfig
+
+    tiny = BertConfig.preset("tiny")
+    assert model_flops(tiny, [128] * 32, True) == 3 * model_flops(tiny, [128] * 32, False)
+    for r in report["results"]:
+        assert r["ratio"] > 0 and set(r["peak_memory_mb"]) == {"bertlab", "transformers"}
+        assert 0 < r["useful_share_of_matmul"]["bertlab"]
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_unknown_workload_is_named(capsys):
+    code, _, err = run(capsys, "bench", "warp-speed")
+    assert code == 2 and "warp-speed" in err
