@@ -335,3 +335,44 @@ def plot(report: dict[str, Any], path: str | os.PathLike) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def bench_int8(model_dir: str | os.PathLike, texts: list[str], repeats: int = 5) -> dict:
+    """int8 dynamic quantisation against float32, both bertlab: speed of sentence embeddings
+    (mean-pooled, normalised) and what it costs: cosine similarity of each text's embedding to
+    its float32 one, and how often the nearest other text stays the same."""
+    from .model import BertModel
+    from .precision import quantize_int8
+    from .tokenizer import BertTokenizer
+
+    tok = BertTokenizer.from_pretrained(model_dir)
+    fp32 = BertModel.from_pretrained(model_dir, attn_implementation="packed")
+    int8 = quantize_int8(fp32)
+    batches = [tok(texts[i : i + 32], padding=True, truncation=True, max_length=128,
+                   return_tensors="pt") for i in range(0, len(texts), 32)]  # fmt: skip
+
+    def embed(model) -> torch.Tensor:
+        out = []
+        with torch.inference_mode():
+            for b in batches:
+                h = model(**b).last_hidden_state
+                m = b["attention_mask"].unsqueeze(-1).to(h.dtype)
+                out.append(torch.nn.functional.normalize((h * m).sum(1) / m.sum(1), dim=-1))
+        return torch.cat(out)
+
+    times = alternate({"float32": lambda: embed(fp32), "int8": lambda: embed(int8)}, repeats)
+    a, b = embed(fp32), embed(int8)
+    cos = (a * b).sum(-1)
+    sa, sb = a @ a.T, b @ b.T
+    sa.fill_diagonal_(-2)
+    sb.fill_diagonal_(-2)
+    tokens = sum(int(x["attention_mask"].sum()) for x in batches)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {
+        "workload": "int8",
+        "texts": len(texts),
+        "tokens_per_s": {k: tokens / v for k, v in med.items()},
+        "speedup_over_float32": med["float32"] / med["int8"],
+        "cosine_to_float32": {"mean": float(cos.mean()), "min": float(cos.min())},
+        "nearest_neighbour_agreement": float((sa.argmax(1) == sb.argmax(1)).float().mean()),
+    }

@@ -179,11 +179,19 @@ def cmd_train_vocab(args: argparse.Namespace) -> int:
 
 # ============================================================================ bench
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .bench import WORKLOADS, bench_model, bench_tokenizer, machine, plot, tokenizer_texts
+    from .bench import (
+        WORKLOADS,
+        bench_int8,
+        bench_model,
+        bench_tokenizer,
+        machine,
+        plot,
+        tokenizer_texts,
+    )
 
     report: dict = {"machine": machine(), "results": []}
-    workloads = args.workloads or ["tokenizer", *WORKLOADS]
-    unknown = [w for w in workloads if w not in WORKLOADS and w != "tokenizer"]
+    workloads = args.workloads or ["tokenizer", "int8", *WORKLOADS]
+    unknown = [w for w in workloads if w not in WORKLOADS and w not in ("tokenizer", "int8")]
     if unknown:
         raise ValueError(
             f"unknown workload {unknown[0]!r}; choose from tokenizer, {', '.join(WORKLOADS)}"
@@ -193,18 +201,26 @@ def cmd_bench(args: argparse.Namespace) -> int:
         report["machine"]["torch_threads"] = args.threads
     device = "cuda" if args.device == "cuda" else "cpu"
     report["machine"]["device"] = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    root = Path(__file__).resolve().parents[1]
+    data = Path(args.data) if args.data else root.parent / "shared" / "data"
+    texts, origin = tokenizer_texts(data if data.is_dir() else None, root / "tests" / "fixtures")
+    folders = [m for m in args.models.split(",") if m not in PRESETS]
+    folder = folders[0] if folders else "default"  # a real checkpoint and its vocabulary
     if "tokenizer" in workloads:
-        root = Path(__file__).resolve().parents[1]
-        data = Path(args.data) if args.data else root.parent / "shared" / "data"
-        fixtures = root / "tests" / "fixtures"
-        texts, origin = tokenizer_texts(data if data.is_dir() else None, fixtures)
-        folders = [m for m in args.models.split(",") if m not in PRESETS]
-        r = bench_tokenizer(folders[0] if folders else "default", texts, repeats=args.repeats)
+        r = bench_tokenizer(folder, texts, repeats=args.repeats)
         report["tokenizer"] = {"data": origin, **r}
         tps = r["tokens_per_s"]
         print(f"tokenizer  {r['texts']:,} texts ({origin})")
         print(f"  bertlab {tps['bertlab']:,.0f} tokens/s, transformers "
               f"{tps['transformers']:,.0f} tokens/s: {r['ratio']:.2f}x")  # fmt: skip
+    if "int8" in workloads:
+        sample = list(dict.fromkeys(texts))[:1000]
+        r = bench_int8(folder, sample, repeats=args.repeats)
+        report["int8"] = {"model": folder, "data": origin, **r}
+        print(f"int8 ({folder}, {len(sample)} texts): {r['speedup_over_float32']:.2f}x float32's "
+              f"speed; embeddings' cosine to float32 mean {r['cosine_to_float32']['mean']:.3f} "
+              f"(min {r['cosine_to_float32']['min']:.3f}); nearest neighbour kept "
+              f"{r['nearest_neighbour_agreement']:.0%}")  # fmt: skip
     header = f"{'model':<9}{'workload':<10}{'dtype':<10}{'bertlab tok/s':>14}{'hf tok/s':>11}"
     header += f"{'ratio':>8}{'peak MB b/hf':>15}{'useful/matmul b/hf':>20}"
     for model in args.models.split(","):
@@ -280,7 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="measure bertlab against transformers")
     bench.add_argument("workloads", nargs="*",
-                       help="any of tokenizer, variable, fixed128, fixed512, latency, train "
+                       help="any of tokenizer, int8, variable, fixed128, fixed512, latency, train "
                        "(default: all)")  # fmt: skip
     bench.add_argument(
         "--models",
