@@ -881,17 +881,30 @@ class BertForQuestionAnswering(BertPreTrainedModel):
             output_hidden_states,
             output_attentions,
         )
-        # Packed, padding positions get the lowest score: never an answer, and outside the loss.
-        logits = self.qa_outputs(enc.hidden)
-        logits = enc.padded(logits, fill=torch.finfo(logits.dtype).min)
+        logits = enc.padded(self.qa_outputs(enc.hidden))  # (B, T, 2)
+        # Packed results never depend on padding: a padding position gets the lowest score (it
+        # is never an answer and adds nothing to the loss), and an answer position that falls
+        # on padding is ignored like one past the end. The padded kernels keep the reference's
+        # behaviour, where padding positions have scores of their own.
+        real = None
+        if self.config.attn_implementation == "packed" and attention_mask is not None:
+            real = attention_mask.bool()
+            logits = logits.masked_fill(~real[..., None], torch.finfo(logits.dtype).min)
         start_logits, end_logits = logits.unbind(-1)  # (B, T)
         loss = None
         if start_positions is not None and end_positions is not None:
             # As in the reference: positions outside the sequence (an answer cut off by a
             # window) are clamped to T and ignored by the loss.
             T = start_logits.shape[1]
-            start = start_positions.reshape(-1).clamp(0, T)
-            end = end_positions.reshape(-1).clamp(0, T)
+
+            def target(positions: torch.Tensor) -> torch.Tensor:  # (B,) -> (B,), T = ignored
+                p = positions.reshape(-1).clamp(0, T)
+                if real is None:
+                    return p
+                on_padding = ~real.gather(1, p.clamp(max=T - 1)[:, None]).squeeze(1)
+                return p.masked_fill(on_padding, T)
+
+            start, end = target(start_positions), target(end_positions)
             loss = (
                 F.cross_entropy(start_logits.float(), start, ignore_index=T)
                 + F.cross_entropy(end_logits.float(), end, ignore_index=T)

@@ -26,6 +26,7 @@ import pytest
 import torch
 
 import bertlab
+import bertlab.attention
 import bertlab.model
 from bertlab.packing import Packing
 
@@ -453,13 +454,17 @@ def test_extra_padding_columns_change_nothing(kind):
     qa = make_model(bertlab.BertForQuestionAnswering, attn="packed")
     inputs = batch_inputs(kind)
     labels = dict(labels=mlm_labels(), next_sentence_label=torch.tensor([0, 1, 1, 0]))
-    wide_labels = dict(labels=widen({"l": labels["labels"]}, 13, -100)["l"])
+    wide_labels = widen({"labels": labels["labels"]}, 13, pad_value=-100)
     wide = widen(inputs, 13)
     mask = inputs["attention_mask"].bool()
     with torch.no_grad():
         a = pretraining(**inputs, **labels, output_hidden_states=True)
-        b = pretraining(**wide, **wide_labels, next_sentence_label=labels["next_sentence_label"],
-                        output_hidden_states=True)  # fmt: skip
+        b = pretraining(
+            **wide,
+            **wide_labels,
+            next_sentence_label=labels["next_sentence_label"],
+            output_hidden_states=True,
+        )
         qa_a = qa(**inputs, **qa_positions())
         qa_b = qa(**wide, **qa_positions())
     assert b.prediction_logits.shape[1] == T + 13
@@ -499,7 +504,8 @@ def test_padded_row_equals_the_sequence_alone(attn):
             alone = alone_model(
                 **{k: v[i : i + 1, :n] for k, v in inputs.items()}, output_hidden_states=True
             )
-            for layer, (x, y) in enumerate(zip(batch.hidden_states, alone.hidden_states, strict=True)):  # fmt: skip
+            pairs = zip(batch.hidden_states, alone.hidden_states, strict=True)
+            for layer, (x, y) in enumerate(pairs):
                 assert_close(x[i : i + 1, :n], y, f"row {i} hidden_states[{layer}]")
             assert_close(batch.prediction_logits[i : i + 1, :n], alone.prediction_logits, "mlm")
             assert_close(
@@ -535,18 +541,29 @@ def test_left_padding_equals_right_padding():
 
 
 # ================================================================================ 3. edge cases
-def test_no_padding_runs_dense_and_equals_sdpa(packed_calls):
+def test_no_padding_runs_dense_and_equals_sdpa(packed_calls, monkeypatch):
+    """Every row full (or no mask): one batched SDPA call per layer, equal to the sdpa model."""
     ref = make_model(bertlab.BertForPreTraining)
     packed = make_model(bertlab.BertForPreTraining, attn="packed")
     inputs = padded_inputs((T, T, T))
     labels = dict(labels=mlm_labels((T, T, T)), next_sentence_label=torch.tensor([0, 1, 0]))
     assert Packing.from_mask(inputs["attention_mask"], 3, T, "cpu").indices is None
+    fused = []
+    real_sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, *args, **kwargs):
+        fused.append(tuple(q.shape))
+        return real_sdpa(q, *args, **kwargs)
+
+    monkeypatch.setattr(bertlab.attention.F, "scaled_dot_product_attention", spy)
     with torch.no_grad():
         a = ref(**inputs, **labels, output_hidden_states=True)
         for mask in (inputs["attention_mask"], None):
             packed_calls.clear()
+            fused.clear()
             b = packed(**{**inputs, "attention_mask": mask}, **labels, output_hidden_states=True)
             assert packed_calls == [True, True], "no padding should run the dense (batched) path"
+            assert fused == [(3, 4, T, 8)] * 2, "the dense path should be one batched SDPA call"
             assert_real_positions_match(b, a, torch.ones(3, T, dtype=torch.bool), f"mask {mask}")
 
 
@@ -744,11 +761,13 @@ def cosine_at_real_tokens(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) 
 
 
 def test_bfloat16_packed_agrees_with_float32():
-    """bfloat16 keeps 8 significant bits (relative rounding 2**-9 ~ 0.002 per operation). Over
-    embeddings, 2 layers and the heads, that leaves per-token hidden vectors within a few percent
-    of float32, i.e. a cosine similarity above 0.99 (measured: > 0.999), while a wrong position
-    or a token attending across sequences gives cosines far lower (random-weight hidden vectors
-    of different tokens are nearly orthogonal). Logits are compared relative to their scale."""
+    """bfloat16 keeps 8 significant bits: each rounding is off by up to 2**-9 ~ 0.002 relative.
+    Over the embeddings, 2 layers and the head that leaves each token's hidden vector within
+    about 0.02 rad of float32's (measured cosine > 0.9998 on every layer); cosine similarity
+    > 0.99 (0.14 rad) is asserted, while the hidden vectors of two different tokens of
+    this model have a cosine of at most ~0.85, so a token mixed up with another fails. Logits
+    are compared relative to their largest magnitude (measured 2%, allowed 5%), the loss to 2%
+    (measured 0.2%). What must hold exactly: bf16 all the way, no NaN, zeros at padding."""
     ref = make_model(bertlab.BertForPreTraining)
     packed = make_model(bertlab.BertForPreTraining, attn="packed").to(torch.bfloat16)
     inputs = padded_inputs(LENGTHS)
@@ -768,7 +787,7 @@ def test_bfloat16_packed_agrees_with_float32():
     scale = want.prediction_logits[mask].abs().max()
     err = max_diff(got.prediction_logits[mask], want.prediction_logits[mask]) / scale
     assert err < 0.05, f"MLM logits: relative error {err:.3g}"
-    assert abs(got.loss.item() - want.loss.item()) < 0.05 * want.loss.item()
+    assert abs(got.loss.item() - want.loss.item()) < 0.02 * want.loss.item()
 
     # Also a head with the lowest-score fill (QA) and the dense (no padding) path.
     qa = make_model(bertlab.BertForQuestionAnswering, attn="packed").to(torch.bfloat16)
