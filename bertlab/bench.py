@@ -7,7 +7,9 @@ transformers is imported here only, and only when a benchmark runs: bertlab itse
 
 from __future__ import annotations
 
+import ctypes
 import json
+import logging
 import os
 import platform
 import statistics
@@ -172,6 +174,10 @@ class _PeakRSS:
             torch.cuda.reset_peak_memory_stats()
             self.start = torch.cuda.memory_allocated()
             return self
+        try:  # hand freed memory back to the system first, so growth shows as growth
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except OSError:
+            pass
         self.start, self.peak, self._stop = self._rss(), self._rss(), threading.Event()
 
         def sample() -> None:
@@ -224,12 +230,17 @@ def _load_pair(model: str, kind: str, attn: str):
 
     ours_cls = bm.BertForPreTraining if kind == "training" else bm.BertModel
     ref_cls = getattr(transformers, ours_cls.__name__)
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    torch.manual_seed(0)
     if model in PRESETS:
-        torch.manual_seed(0)
-        directory = Path(tempfile.mkdtemp(prefix="bertlab-bench-"))
-        ours_cls(BertConfig.preset(model)).save_pretrained(directory)
-    else:
-        directory = resolve_model_dir(model)
+        first = ours_cls(BertConfig.preset(model))
+    else:  # heads the checkpoint lacks are initialised once, here, and shared by both sides
+        logging.getLogger("bertlab").setLevel(logging.ERROR)
+        first = ours_cls.from_pretrained(resolve_model_dir(model))
+        logging.getLogger("bertlab").setLevel(logging.NOTSET)
+    directory = Path(tempfile.mkdtemp(prefix="bertlab-bench-"))
+    first.save_pretrained(directory)
     ours = ours_cls.from_pretrained(directory, attn_implementation=attn)
     ref = ref_cls.from_pretrained(str(directory), attn_implementation="sdpa")
     return ours, ref

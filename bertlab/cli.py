@@ -224,7 +224,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     header = f"{'model':<9}{'workload':<10}{'dtype':<10}{'bertlab tok/s':>14}{'hf tok/s':>11}"
     header += f"{'ratio':>8}{'peak MB b/hf':>15}{'useful/matmul b/hf':>20}"
     for model in args.models.split(","):
-        for workload in (w for w in workloads if w != "tokenizer"):
+        for workload in (w for w in workloads if w in WORKLOADS):
             for dtype in args.dtypes.split(","):
                 if not report["results"]:
                     print(header)

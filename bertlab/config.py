@@ -84,10 +84,11 @@ class BertConfig:
     # position_init: "normal" (as BERT) or "sinusoidal" (the fixed encoding of Vaswani et al.
     # used as the starting point of the learned table, reference 003). Only affects init.
     position_init: str = "normal"
-    # Attention kernel: "eager" (explicit, can return probabilities), "sdpa"
-    # (torch.nn.functional.scaled_dot_product_attention on the padded batch) or "packed"
-    # (padding removed after the embeddings, attention per sequence). A runtime choice: not saved.
-    attn_implementation: str = "sdpa"
+    # Attention kernel: "packed" (the default: padding removed after the embeddings, every
+    # layer on real tokens only, attention per sequence), "sdpa"
+    # (torch.nn.functional.scaled_dot_product_attention on the padded batch, as the reference)
+    # or "eager" (explicit, can return probabilities). A runtime choice: not saved.
+    attn_implementation: str = "packed"
     architectures: tuple[str, ...] | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
