@@ -387,3 +387,22 @@ def bench_int8(model_dir: str | os.PathLike, texts: list[str], repeats: int = 5)
         "cosine_to_float32": {"mean": float(cos.mean()), "min": float(cos.min())},
         "nearest_neighbour_agreement": float((sa.argmax(1) == sb.argmax(1)).float().mean()),
     }
+
+
+def markdown_table(report: dict[str, Any]) -> str:
+    """The model results of a report as a Markdown table (for the README and benchmarks/)."""
+    lines = [
+        "| model | workload | dtype | bertlab tokens/s | transformers tokens/s | ratio "
+        "| peak MB (bertlab / transformers) "
+        "| useful FLOPs / matmul rate (bertlab / transformers) |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in report["results"]:
+        t, p, u = r["tokens_per_s"], r["peak_memory_mb"], r["useful_share_of_matmul"]
+        lines.append(
+            f"| {r['model']} | {r['workload']} | {r['dtype']} | {t['bertlab']:,.0f} "
+            f"| {t['transformers']:,.0f} | **{r['ratio']:.2f}x** "
+            f"| {p['bertlab']:,.0f} / {p['transformers']:,.0f} "
+            f"| {u['bertlab']:.0%} / {u['transformers']:.0%} |"
+        )
+    return "\n".join(lines)

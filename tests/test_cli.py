@@ -117,6 +117,10 @@ def test_bench_model_workloads_report_and_chart(capsys, tmp_path):
         assert r["ratio"] > 0 and set(r["peak_memory_mb"]) == {"bertlab", "transformers"}
         assert 0 < r["useful_share_of_matmul"]["bertlab"]
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from bertlab.bench import markdown_table
+
+    table = markdown_table(report).splitlines()
+    assert len(table) == 2 + len(report["results"]) and "| tiny | variable | float32 |" in table[2]
 
 
 def test_bench_unknown_workload_is_named(capsys):
