@@ -2,7 +2,7 @@
 
 from .checkpoint import LoadingInfo, bundled_model_dir, read_state_dict
 from .config import BertConfig
-from .model import (
+from .heads import (
     BertForMaskedLM,
     BertForMultipleChoice,
     BertForNextSentencePrediction,
@@ -10,9 +10,8 @@ from .model import (
     BertForQuestionAnswering,
     BertForSequenceClassification,
     BertForTokenClassification,
-    BertModel,
-    BertPreTrainedModel,
 )
+from .model import BertModel, BertPreTrainedModel
 from .tokenizer import BertTokenizer, train_vocab
 
 __version__ = "0.1.0"

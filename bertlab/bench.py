@@ -224,11 +224,12 @@ def _load_pair(model: str, kind: str, attn: str):
 
     import transformers
 
-    from . import model as bm
     from .checkpoint import resolve_model_dir
     from .config import PRESETS, BertConfig
+    from .heads import BertForPreTraining
+    from .model import BertModel
 
-    ours_cls = bm.BertForPreTraining if kind == "training" else bm.BertModel
+    ours_cls = BertForPreTraining if kind == "training" else BertModel
     ref_cls = getattr(transformers, ours_cls.__name__)
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()

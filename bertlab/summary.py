@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import BertConfig
-from .model import (
+from .heads import (
     BertForMaskedLM,
     BertForMultipleChoice,
     BertForNextSentencePrediction,
@@ -25,9 +25,8 @@ from .model import (
     BertForQuestionAnswering,
     BertForSequenceClassification,
     BertForTokenClassification,
-    BertModel,
-    BertPreTrainedModel,
 )
+from .model import BertModel, BertPreTrainedModel
 
 HEADS: dict[str, type[BertPreTrainedModel]] = {
     "base": BertModel,

@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import max_diff, scramble
 
 import bertlab
 import bertlab.attention
@@ -47,19 +48,6 @@ INPUT_KINDS = ["explicit_positions", "default_positions", "default_positions_and
 
 
 # ================================================================================ helpers
-def scramble(model: torch.nn.Module, seed: int) -> torch.nn.Module:
-    """Give every parameter a random value (LayerNorm weights around 1), as test_parity does."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen)
-            if "LayerNorm" in name and name.endswith("weight"):
-                p.copy_(1.0 + 0.2 * noise)
-            elif name.endswith("bias"):
-                p.copy_(0.1 * noise)
-            else:
-                p.copy_(0.2 * noise)
-    return model
 
 
 def make_model(cls: type, seed: int = 0, attn: str = "sdpa", **config: Any) -> torch.nn.Module:
@@ -67,10 +55,6 @@ def make_model(cls: type, seed: int = 0, attn: str = "sdpa", **config: Any) -> t
     torch.manual_seed(seed)
     cfg = bertlab.BertConfig(**{**SIZES, "num_hidden_layers": 2, **config})
     return scramble(cls(cfg.replace(attn_implementation=attn)), seed + 1).eval()
-
-
-def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    return (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
 
 
 def assert_close(got: torch.Tensor, ref: torch.Tensor, what: str, atol: float = ATOL) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 import transformers
+from helpers import max_diff, scramble
 
 import bertlab
 import bertlab.attention
@@ -38,22 +39,6 @@ INPUT_KINDS = ["explicit_positions", "default_positions", "default_positions_and
 
 
 # ================================================================================ helpers
-def scramble(model: torch.nn.Module, seed: int) -> None:
-    """Give every parameter a random value (LayerNorm weights around 1): a sensitive test."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen)
-            if "LayerNorm" in name and name.endswith("weight"):
-                p.copy_(1.0 + 0.2 * noise)
-            elif name.endswith("bias"):
-                p.copy_(0.1 * noise)
-            else:
-                p.copy_(0.2 * noise)
-
-
-def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    return (a.double() - b.double()).abs().max().item()
 
 
 def assert_tensor_close(got: torch.Tensor, ref: torch.Tensor, what: str) -> None:

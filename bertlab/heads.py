@@ -1,0 +1,460 @@
+"""The task heads on top of BertModel: pre-training (masked LM + next sentence prediction),
+masked LM, next sentence prediction, sequence classification, token classification, question
+answering, multiple choice. Each returns a small typed output with transformers' field names;
+labels of -100 are ignored. Names and shapes as in model.py.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import BertConfig
+from .model import (
+    ACTIVATIONS,
+    IGNORE_INDEX,
+    BertModel,
+    BertPreTrainedModel,
+    Encoded,
+)
+from .outputs import (
+    BertForPreTrainingOutput,
+    MaskedLMOutput,
+    MultipleChoiceModelOutput,
+    NextSentencePredictorOutput,
+    QuestionAnsweringModelOutput,
+    SequenceClassifierOutput,
+    TokenClassifierOutput,
+)
+
+
+def _check_labels(labels: torch.Tensor, num_classes: int, name: str = "label") -> None:
+    bad = (labels != IGNORE_INDEX) & ((labels < 0) | (labels >= num_classes))
+    if bool(bad.any()):
+        where = tuple(int(i) for i in bad.nonzero()[0])
+        raise ValueError(
+            f"{name} {int(labels[where])} at position {where} is outside [0, {num_classes}) "
+            f"(use {IGNORE_INDEX} to ignore a position)"
+        )
+
+
+# ============================================================================ heads
+class BertPredictionHeadTransform(nn.Module):
+    """LN(act(W h + b)): the MLM head's transform before the vocabulary projection."""
+
+    def __init__(self, hidden_size: int, hidden_act: str, layer_norm_eps: float):
+        super().__init__()
+        self.dense = nn.Linear(hidden_size, hidden_size)
+        self.transform_act_fn = ACTIVATIONS[hidden_act]()
+        self.LayerNorm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., H)
+        return self.LayerNorm(self.transform_act_fn(self.dense(x)))
+
+
+class BertLMPredictionHead(nn.Module):
+    """Masked-LM output: transform, then scores against the (tied) word embeddings plus an
+    output-only bias per token (reference 004, "MLM-Sim": T extra parameters)."""
+
+    def __init__(self, hidden_size: int, vocab_size: int, hidden_act: str, layer_norm_eps: float):
+        super().__init__()
+        self.transform = BertPredictionHeadTransform(hidden_size, hidden_act, layer_norm_eps)
+        self.decoder = nn.Linear(hidden_size, vocab_size, bias=False)  # weight tied to embeddings
+        self.bias = nn.Parameter(torch.zeros(vocab_size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., H) -> (..., V)
+        return F.linear(self.transform(x), self.decoder.weight, self.bias)
+
+
+class BertPreTrainingHeads(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        c = config
+        self.predictions = BertLMPredictionHead(
+            c.hidden_size, c.vocab_size, c.hidden_act, c.layer_norm_eps
+        )
+        self.seq_relationship = nn.Linear(c.hidden_size, 2)
+
+
+class BertOnlyMLMHead(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        c = config
+        self.predictions = BertLMPredictionHead(
+            c.hidden_size, c.vocab_size, c.hidden_act, c.layer_norm_eps
+        )
+
+
+class BertOnlyNSPHead(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.seq_relationship = nn.Linear(config.hidden_size, 2)
+
+
+def _cross_entropy(logits: torch.Tensor, labels: torch.Tensor, name: str) -> torch.Tensor:
+    """Mean cross-entropy over positions whose label is not -100. logits (N, K), labels (N,)."""
+    _check_labels(labels, logits.shape[-1], name)
+    return F.cross_entropy(logits.float(), labels.reshape(-1), ignore_index=IGNORE_INDEX)
+
+
+class BertForPreTraining(BertPreTrainedModel):
+    """Masked LM + next sentence prediction, the pre-training objective (loss = MLM + NSP)."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.bert = BertModel(config)
+        self.cls = BertPreTrainingHeads(config)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,  # (B, T) token ids, -100 where not predicted
+        next_sentence_label: torch.Tensor | None = None,  # (B,) 0 = B follows A, 1 = random
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+        return_logits: bool = True,  # False (with labels): score only the labelled positions
+    ) -> BertForPreTrainingOutput:
+        enc = self.bert.encode(
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            position_ids,
+            inputs_embeds,
+            output_hidden_states,
+            output_attentions,
+        )
+        if (labels is None) != (next_sentence_label is None):
+            raise ValueError("BertForPreTraining needs both labels and next_sentence_label")
+        mlm_loss, mlm_logits = _masked_lm(self.cls.predictions, enc, labels, return_logits)
+        nsp_logits = self.cls.seq_relationship(enc.pooled)  # (B, 2)
+        loss = None
+        if labels is not None:
+            nsp_loss = _cross_entropy(
+                nsp_logits, next_sentence_label.reshape(-1), "next_sentence_label"
+            )
+            loss = mlm_loss + nsp_loss
+        return BertForPreTrainingOutput(
+            loss, mlm_logits, nsp_logits, enc.hidden_states, enc.attentions
+        )
+
+
+class BertForMaskedLM(BertPreTrainedModel):
+    """Masked LM only (no pooler, no NSP)."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.cls = BertOnlyMLMHead(config)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,  # (B, T), -100 where not predicted
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+        return_logits: bool = True,  # False (with labels): score only the labelled positions
+    ) -> MaskedLMOutput:
+        enc = self.bert.encode(
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            position_ids,
+            inputs_embeds,
+            output_hidden_states,
+            output_attentions,
+        )
+        loss, logits = _masked_lm(self.cls.predictions, enc, labels, return_logits)
+        return MaskedLMOutput(loss, logits, enc.hidden_states, enc.attentions)
+
+
+class BertForNextSentencePrediction(BertPreTrainedModel):
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.bert = BertModel(config)
+        self.cls = BertOnlyNSPHead(config)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,  # (B,) 0 = B follows A, 1 = random
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+    ) -> NextSentencePredictorOutput:
+        enc = self.bert.encode(
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            position_ids,
+            inputs_embeds,
+            output_hidden_states,
+            output_attentions,
+        )
+        logits = self.cls.seq_relationship(enc.pooled)  # (B, 2)
+        loss = None if labels is None else _cross_entropy(logits, labels.reshape(-1), "label")
+        return NextSentencePredictorOutput(loss, logits, enc.hidden_states, enc.attentions)
+
+
+def _masked_lm(
+    head: BertLMPredictionHead, enc: Encoded, labels: torch.Tensor | None, return_logits: bool
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """MLM loss and logits (B, T, V). With ``return_logits=False`` and labels, only the
+    positions that have a label are scored, as the original pre-training code does (it gathers
+    the masked positions): about 15% of the vocabulary projection, and the logits are None."""
+    flat = None if labels is None else enc.per_token(labels).reshape(-1)
+    if return_logits or labels is None:
+        logits = head(enc.hidden)  # (B, T, V), or (N, V) packed
+        loss = None if flat is None else _cross_entropy(logits.view(-1, logits.shape[-1]), flat,
+                                                        "MLM label")  # fmt: skip
+        return loss, enc.padded(logits)
+    _check_labels(flat, head.bias.shape[0], "MLM label")
+    keep = (flat != IGNORE_INDEX).nonzero().squeeze(1)
+    hidden = enc.hidden.reshape(-1, enc.hidden.shape[-1]).index_select(0, keep)
+    return F.cross_entropy(head(hidden).float(), flat[keep]), None
+
+
+def _dropout_p(config: BertConfig) -> float:
+    c = config
+    return c.hidden_dropout_prob if c.classifier_dropout is None else c.classifier_dropout
+
+
+class BertForSequenceClassification(BertPreTrainedModel):
+    """Classifier on the pooled [CLS] vector: single-label (cross-entropy), multi-label
+    (binary cross-entropy per label) or regression (num_labels = 1, mean squared error)."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.bert = BertModel(config)
+        self.dropout = nn.Dropout(_dropout_p(config))
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,  # (B,) class ids, (B, K) 0/1 floats, or (B,) values
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+    ) -> SequenceClassifierOutput:
+        enc = self.bert.encode(
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            position_ids,
+            inputs_embeds,
+            output_hidden_states,
+            output_attentions,
+        )
+        logits = self.classifier(self.dropout(enc.pooled))  # (B, K)
+        loss = None if labels is None else self._loss(logits, labels)
+        return SequenceClassifierOutput(loss, logits, enc.hidden_states, enc.attentions)
+
+    def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        kind = self.config.problem_type
+        if kind is None:  # inferred as transformers does
+            if self.num_labels == 1:
+                kind = "regression"
+            elif not labels.is_floating_point():
+                kind = "single_label_classification"
+            else:
+                kind = "multi_label_classification"
+        if kind == "regression":
+            if self.num_labels == 1:
+                return F.mse_loss(logits.squeeze().float(), labels.squeeze().float())
+            return F.mse_loss(logits.float(), labels.float())
+        if kind == "single_label_classification":
+            return _cross_entropy(logits, labels.reshape(-1), "label")
+        if tuple(labels.shape) != tuple(logits.shape):
+            raise ValueError(
+                f"multi-label targets must have shape {tuple(logits.shape)}, "
+                f"got {tuple(labels.shape)}"
+            )
+        return F.binary_cross_entropy_with_logits(logits.float(), labels.float())
+
+
+class BertForTokenClassification(BertPreTrainedModel):
+    """A label per token (entity tagging); -100 marks positions without a label."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.dropout = nn.Dropout(_dropout_p(config))
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,  # (B, T), -100 ignored
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+    ) -> TokenClassifierOutput:
+        enc = self.bert.encode(
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            position_ids,
+            inputs_embeds,
+            output_hidden_states,
+            output_attentions,
+        )
+        logits = self.classifier(self.dropout(enc.hidden))  # (B, T, K), or (N, K) packed
+        loss = None
+        if labels is not None:
+            flat = enc.per_token(labels).reshape(-1)
+            loss = _cross_entropy(logits.view(-1, self.num_labels), flat, "label")
+        return TokenClassifierOutput(loss, enc.padded(logits), enc.hidden_states, enc.attentions)
+
+
+class BertForQuestionAnswering(BertPreTrainedModel):
+    """Extractive QA (reference 000): a start and an end score for every token of the passage."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        start_positions: torch.Tensor | None = None,  # (B,) token index of the answer start
+        end_positions: torch.Tensor | None = None,  # (B,) token index of the answer end
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+    ) -> QuestionAnsweringModelOutput:
+        enc = self.bert.encode(
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            position_ids,
+            inputs_embeds,
+            output_hidden_states,
+            output_attentions,
+        )
+        logits = enc.padded(self.qa_outputs(enc.hidden))  # (B, T, 2)
+        # Packed results never depend on padding: a padding position gets the lowest score (it
+        # is never an answer and adds nothing to the loss), and an answer position that falls
+        # on padding is ignored like one past the end. The padded kernels keep the reference's
+        # behaviour, where padding positions have scores of their own.
+        real = None
+        if self.config.attn_implementation == "packed" and attention_mask is not None:
+            real = attention_mask.bool()
+            logits = logits.masked_fill(~real[..., None], torch.finfo(logits.dtype).min)
+        start_logits, end_logits = logits.unbind(-1)  # (B, T)
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            # As in the reference: positions outside the sequence (an answer cut off by a
+            # window) are clamped to T and ignored by the loss.
+            T = start_logits.shape[1]
+
+            def target(positions: torch.Tensor) -> torch.Tensor:  # (B,) -> (B,), T = ignored
+                p = positions.reshape(-1).clamp(0, T)
+                if real is None:
+                    return p
+                on_padding = ~real.gather(1, p.clamp(max=T - 1)[:, None]).squeeze(1)
+                return p.masked_fill(on_padding, T)
+
+            start, end = target(start_positions), target(end_positions)
+            loss = (
+                F.cross_entropy(start_logits.float(), start, ignore_index=T)
+                + F.cross_entropy(end_logits.float(), end, ignore_index=T)
+            ) / 2
+        return QuestionAnsweringModelOutput(
+            loss,
+            start_logits.contiguous(),
+            end_logits.contiguous(),
+            enc.hidden_states,
+            enc.attentions,
+        )
+
+
+class BertForMultipleChoice(BertPreTrainedModel):
+    """Scores C candidate continuations: each (context, choice) pair -> pooled -> one score."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.bert = BertModel(config)
+        self.dropout = nn.Dropout(_dropout_p(config))
+        self.classifier = nn.Linear(config.hidden_size, 1)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,  # (B, C, T)
+        attention_mask: torch.Tensor | None = None,  # (B, C, T)
+        token_type_ids: torch.Tensor | None = None,  # (B, C, T)
+        position_ids: torch.Tensor | None = None,  # (B, C, T)
+        inputs_embeds: torch.Tensor | None = None,  # (B, C, T, H)
+        labels: torch.Tensor | None = None,  # (B,) index of the right choice
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+    ) -> MultipleChoiceModelOutput:
+        ref = input_ids if input_ids is not None else inputs_embeds
+        if ref is None or ref.dim() != (3 if input_ids is not None else 4):
+            shape = None if ref is None else tuple(ref.shape)
+            raise ValueError(
+                f"multiple choice inputs must have shape (batch, choices, seq_len), got {shape}"
+            )
+        B, C = ref.shape[:2]
+
+        def flat(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.reshape(B * C, *t.shape[2:])
+
+        enc = self.bert.encode(
+            flat(input_ids),
+            flat(attention_mask),
+            flat(token_type_ids),
+            flat(position_ids),
+            flat(inputs_embeds),
+            output_hidden_states,
+            output_attentions,
+        )
+        logits = self.classifier(self.dropout(enc.pooled)).view(B, C)
+        loss = None if labels is None else _cross_entropy(logits, labels.reshape(-1), "label")
+        return MultipleChoiceModelOutput(loss, logits, enc.hidden_states, enc.attentions)
+
+
+# Every model class by the name transformers gives it (the "architectures" of config.json).
+MODEL_CLASSES: dict[str, type[BertPreTrainedModel]] = {
+    cls.__name__: cls
+    for cls in (
+        BertModel,
+        BertForPreTraining,
+        BertForMaskedLM,
+        BertForNextSentencePrediction,
+        BertForSequenceClassification,
+        BertForTokenClassification,
+        BertForQuestionAnswering,
+        BertForMultipleChoice,
+    )
+}

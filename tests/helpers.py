@@ -1,0 +1,23 @@
+"""Shared by the parity and packed-path tests."""
+
+import torch
+
+
+def scramble(model: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """Give every parameter a random value (LayerNorm weights around 1, not BERT's 1/0 init and
+    zero biases), so a swapped or ignored weight shows up far above any tolerance."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen)
+            if "LayerNorm" in name and name.endswith("weight"):
+                p.copy_(1.0 + 0.2 * noise)
+            elif name.endswith("bias"):
+                p.copy_(0.1 * noise)
+            else:
+                p.copy_(0.2 * noise)
+    return model
+
+
+def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
