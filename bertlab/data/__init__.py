@@ -1,0 +1,1 @@
+"""Data for pre-training and fine-tuning: masking, corpus preparation, task datasets."""
