@@ -1,0 +1,507 @@
+"""Pre-training corpus preparation: raw text -> sentence pairs -> memory-mapped shards.
+
+The recipe is the original BERT ``create_pretraining_data.py`` (``create_instances_from_document``,
+``truncate_seq_pair``) without its masking, which is dynamic here (``bertlab.data.masking``): the
+``dupe_factor`` copies of the corpus differ in their pairs and split points only.
+
+Each input file is read in *blocks* of ``block_bytes`` (1 MiB), each moved to the next document
+boundary, so the cut depends on the file alone. A block's documents are split into sentences,
+tokenized in one batch call and paired. Every document draws its random choices from its own
+generator, seeded with (seed, dupe index, file index, block index, document index), and the random
+B of NSP comes from another document of the same block (the original draws from the whole corpus,
+which a streaming reader cannot hold; a block with one document makes actual-next pairs only,
+counted as ``single_document_blocks``). No choice depends on the process that reads a block, and
+the parent writes the blocks' examples in input order: the shards are byte-identical for any
+``workers`` value and for every run with the same inputs, seed and block size.
+
+On disk, for each shard ``k`` of ``shard_size`` examples (the last one fewer):
+``shard_{k:05d}.input_ids.npy`` the examples' ids concatenated (uint16 when the vocabulary
+fits, else int32); ``.offsets.npy`` int64 (n+1,): example i is
+``input_ids[offsets[i]:offsets[i+1]]``; ``.sep.npy`` int32 (n,): the position of each example's
+first [SEP], after which token_type_ids are 1; ``.nsp.npy`` int8 (n,): 0 = B follows A, 1 = B is
+random (transformers' ``next_sentence_label``; all 0 without NSP). ``meta.json`` holds the
+settings and the shard list. Every file is written under a temporary name and renamed, meta.json
+last: a folder without it is an unfinished preparation, which ``PretrainingCorpus`` refuses.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import random
+import re
+import sys
+import time
+from collections import namedtuple
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..checkpoint import _atomic_write
+from ..tokenizer import BertTokenizer
+
+FORMAT, VERSION = "bertlab-pretraining-corpus", 1
+BLOCK_BYTES = 1 << 20
+STATS = ("documents", "documents_skipped", "single_document_blocks", "random_next",
+         "chunks_dropped")  # fmt: skip
+
+# ============================================================================ reading
+_TITLE = re.compile(r"= (?!=)(?:.*[^=])? =")  # " = Title = " once stripped, not " = = Sub = = "
+_SUBTITLE = re.compile(r"=(?: =)+ .* =(?: =)+")
+_TITLE_BYTES = re.compile(_TITLE.pattern.encode())
+# Lines where a block may begin: where a document can start. Tested on bytes with ASCII rules,
+# so every line accepted here is a document boundary for the readers too.
+_BOUNDARY = {
+    "plain": lambda raw: not raw.strip(),
+    "wikitext": lambda raw: _TITLE_BYTES.fullmatch(raw.strip()) is not None,
+    "jsonl": lambda raw: True,
+}
+
+
+def detect_layout(path: str | os.PathLike) -> str:
+    """The layout of a text file: ``jsonl`` (``.jsonl``: one document per line, in its "text"
+    field, paragraphs on newlines), ``wikitext`` (``.tokens``, or a `` = Title = `` line among
+    the first 20 non-blank ones: a title starts a document, `` = = Sub = = `` headings and blank
+    lines are dropped) or ``plain`` (a sentence or paragraph per line, blank lines between
+    documents)."""
+    path = Path(path)
+    if path.suffix in (".jsonl", ".tokens"):
+        return "jsonl" if path.suffix == ".jsonl" else "wikitext"
+    with open(path, "rb") as f:  # 64 KiB are enough to see a heading
+        head = [line for line in (x.strip() for x in f.read(1 << 16).split(b"\n")) if line]
+    return "wikitext" if any(_TITLE_BYTES.fullmatch(x) for x in head[:20]) else "plain"
+
+
+def _line_number(path: Path, pos: int) -> int:
+    """The number (from 1) of the line that starts at byte ``pos``; counted for errors only."""
+    with open(path, "rb") as f:
+        return 1 + sum(f.read(min(1 << 20, pos - i)).count(b"\n") for i in range(0, pos, 1 << 20))
+
+
+def _lines(path: Path, layout: str, start: int, end: int | None) -> Iterator[tuple[int, str]]:
+    """(byte position, text) of the lines from the first boundary line at or after ``start``
+    (the file's start for 0) to the first one at or after ``end``, exclusive: consecutive ranges
+    read each line once. Strict UTF-8, line by line; an invalid line names file and line."""
+    boundary = _BOUNDARY[layout]
+    with open(path, "rb") as f:
+        pos = 0
+        if start > 0:
+            f.seek(start - 1)
+            pos = start - 1 + len(f.readline())  # the first line that starts at or after start
+        raw = f.readline()
+        while start > 0 and raw and not boundary(raw):
+            pos, raw = pos + len(raw), f.readline()
+        while raw and not (end is not None and pos >= end and boundary(raw)):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(
+                    f"{path}, line {_line_number(path, pos)}: invalid UTF-8 at byte "
+                    f"{pos + e.start} of the file: {raw[:60]!r}"
+                ) from None
+            yield pos, line.removeprefix("\ufeff") if pos == 0 else line
+            pos, raw = pos + len(raw), f.readline()
+
+
+def read_documents(
+    path: str | os.PathLike, layout: str | None = None, start: int = 0, end: int | None = None
+) -> Iterator[list[str]]:
+    """Stream the documents of a text file (layouts: ``detect_layout``), each as its paragraphs:
+    stripped, non-empty lines; ``[]`` for a document without text. ``start``/``end`` (bytes)
+    keep the documents that begin in that range, moved to boundaries; default: the whole file."""
+    path, doc = Path(path), None
+    layout = layout or detect_layout(path)
+    if layout not in _BOUNDARY:
+        raise ValueError(f"layout {layout!r} is not one of {list(_BOUNDARY)}")
+    for pos, line in _lines(path, layout, start, end):
+        text = line.strip()
+        if layout == "jsonl" and text:
+            try:
+                record = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}, line {_line_number(path, pos)}: not JSON: {e}") from None
+            if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+                raise ValueError(f"{path}, line {_line_number(path, pos)}: expected an object "
+                                 f"with a string 'text' field, got {text[:60]!r}")  # fmt: skip
+            yield [p.strip() for p in record["text"].split("\n") if p.strip()]
+        elif layout == "plain" and not text and doc is not None:  # a blank line ends a document
+            yield doc
+            doc = None
+        elif layout == "wikitext" and _TITLE.fullmatch(text):  # its title is not running text
+            if doc is not None:
+                yield doc
+            doc = []
+        elif layout == "wikitext" and _SUBTITLE.fullmatch(text):
+            continue  # section headings are not running text either
+        elif text and layout != "jsonl":
+            doc = [] if doc is None else doc  # (text before WikiText's first title: a document)
+            doc.append(text)
+    if doc is not None:
+        yield doc
+
+
+# ============================================================================ sentences
+# Words after which a period does not end a sentence (compared lower-cased, without the period).
+# Dotted initialisms ("U.S.", "e.g.", "i.e.") and single capitals (the "H." of "H. gammarus",
+# initials) are recognised by their shape instead.
+ABBREVIATIONS = frozenset(
+    "mr mrs ms dr prof st jr sr vs mt ft gen col lt sgt capt adm rev hon gov sen rep pres inc "
+    "ltd co corp bros dept univ fig figs vol approx cf al jan feb mar apr jun jul aug sep sept "
+    "oct nov dec".split()
+)
+_END = re.compile(r"([.!?]+)[\"'\u201d\u2019)\]]*\s+")  # end marks, closing quotes, whitespace
+_OPENERS = "\"'\u201c\u2018(["
+_INITIALS = re.compile(r"(?:[^\W\d_]\.){2,}|[A-Z]\.")
+
+
+def split_sentences(text: str) -> list[str]:
+    """Split a paragraph into sentences by rule (no model, no language data). A sentence ends at
+    ``.``, ``!`` or ``?`` (with any closing quotes or brackets) followed by whitespace and an
+    upper-case letter, a digit or an opening quote or bracket. A single period does not end one
+    after a word in ``ABBREVIATIONS`` ("Dr."), a dotted initialism ("U.S.", "e.g.") or a single
+    capital ("J."). Rules miss rare cases ("... in the U.S. The ..." stays one sentence); they
+    only decide where the pairs of pre-training may be cut."""
+    sentences, begin = [], 0
+    for m in _END.finditer(text):
+        after = text[m.end() : m.end() + 1]
+        if not after or not (after.isupper() or after.isdigit() or after in _OPENERS):
+            continue
+        if m.group(1) == ".":
+            i = m.start()
+            while i > 0 and not text[i - 1].isspace():
+                i -= 1
+            word = text[i : m.start() + 1].lstrip(_OPENERS)
+            if _INITIALS.fullmatch(word) or word[:-1].lower() in ABBREVIATIONS:
+                continue
+        sentences.append(text[begin : m.end()].strip())
+        begin = m.end()
+    sentences.append(text[begin:].strip())
+    return [s for s in sentences if s]
+
+
+# ============================================================================ examples
+def _truncate_pair(a: list[int], b: list[int], max_num_tokens: int, rng: random.Random):
+    """The original ``truncate_seq_pair``: drop a token from the longer side (B on a tie), at its
+    front or back with equal chance, until both fit. Done on [start, stop) spans, so that a long
+    sentence costs O(n) rather than O(n^2) list deletions; the random draws are the original's."""
+    span = [[0, len(a)], [0, len(b)]]
+    while span[0][1] - span[0][0] + span[1][1] - span[1][0] > max_num_tokens:
+        side = span[0] if span[0][1] - span[0][0] > span[1][1] - span[1][0] else span[1]
+        if rng.random() < 0.5:
+            side[0] += 1
+        else:
+            side[1] -= 1
+    return a[span[0][0] : span[0][1]], b[span[1][0] : span[1][1]]
+
+
+def _pairs(docs: list, d: int, rng: random.Random, max_num_tokens: int, short_seq_prob: float,
+           stats: dict[str, int]) -> Iterator[tuple[list[int], list[int], bool]]:  # fmt: skip
+    """The original ``create_instances_from_document`` for document ``d`` of a block (``docs``:
+    documents as lists of sentences, sentences as lists of ids): (A, B, B is random) triples."""
+    doc, target = docs[d], max_num_tokens
+    if rng.random() < short_seq_prob:  # drawn once per document, as the original does
+        target = rng.randint(2, max_num_tokens)
+    chunk: list[list[int]] = []
+    length = i = 0
+    while i < len(doc):
+        chunk.append(doc[i])
+        length += len(doc[i])
+        if i == len(doc) - 1 or length >= target:
+            a_end = rng.randint(1, len(chunk) - 1) if len(chunk) >= 2 else 1
+            a = [t for seg in chunk[:a_end] for t in seg]
+            if len(docs) > 1 and (len(chunk) == 1 or rng.random() < 0.5):
+                # B from another document. The original retries 10 draws to avoid the same one;
+                # drawing among the others directly is that without the rare failure.
+                r = rng.randint(0, len(docs) - 2)
+                other, b = docs[r + (r >= d)], []
+                for seg in other[rng.randint(0, len(other) - 1) :]:
+                    b.extend(seg)
+                    if len(b) >= target - len(a):
+                        break
+                i -= len(chunk) - a_end  # the sentences left out of A start the next chunk
+                is_random = True
+            elif len(chunk) >= 2:
+                b, is_random = [t for seg in chunk[a_end:] for t in seg], False
+            elif len(a) >= 2:  # one sentence, no other document: B is the rest of the sentence
+                k = rng.randint(1, len(a) - 1)
+                a, b, is_random = a[:k], a[k:], False
+            else:  # a one-token sentence alone in its block makes no pair
+                stats["chunks_dropped"] += 1
+                chunk, length, i = [], 0, i + 1
+                continue
+            yield *_truncate_pair(a, b, max_num_tokens, rng), is_random
+            chunk, length = [], 0
+        i += 1
+
+
+def _singles(doc: list, rng: random.Random, limit: int, short_seq_prob: float):
+    """Without NSP: contiguous sentences packed into segments of at most ``limit`` ids; one ends
+    before the sentence that would take it past its target (``limit``, or with probability
+    ``short_seq_prob`` a random length in [2, limit]). A sentence longer than ``limit`` is cut
+    into pieces rather than truncated: no text is lost."""
+
+    def draw() -> int:
+        return rng.randint(2, limit) if rng.random() < short_seq_prob else limit
+
+    target, chunk = draw(), []
+    for seg in doc:
+        if chunk and len(chunk) + len(seg) > target:
+            yield chunk
+            chunk, target = [], draw()
+        chunk = chunk + seg
+        while len(chunk) > limit:
+            yield chunk[:target]
+            chunk, target = chunk[target:], draw()
+    if chunk:
+        yield chunk
+
+
+# ============================================================================ one block
+# One block of one file, and the settings: all that a worker process receives.
+_Job = namedtuple("_Job", "file_index block_index path layout start end vocab_dir max_seq_length "
+                  "short_seq_prob dupe_factor nsp seed dtype")  # fmt: skip
+_TOKENIZERS: dict[str, BertTokenizer] = {}  # one per process, loaded for its first block
+
+
+def _run_block(job: _Job) -> tuple:
+    """Read, split, tokenize and pair the documents of one block. Returns the ids of all its
+    examples concatenated (N,), lengths (n,) int64, sep (n,) int32, nsp (n,) int8, stats."""
+    if job.vocab_dir not in _TOKENIZERS:
+        _TOKENIZERS[job.vocab_dir] = BertTokenizer.from_pretrained(job.vocab_dir)
+    tok = _TOKENIZERS[job.vocab_dir]
+    sentences, counts = [], []
+    for paragraphs in read_documents(job.path, job.layout, job.start, job.end):
+        before = len(sentences)
+        for paragraph in paragraphs:
+            sentences += split_sentences(paragraph)
+        counts.append(len(sentences) - before)
+    # One batch call for the whole block: the engine spreads it over all cores.
+    ids = tok(sentences, add_special_tokens=False, return_token_type_ids=False,
+              return_attention_mask=False)["input_ids"] if sentences else []  # fmt: skip
+    ends = np.cumsum(counts, dtype=np.int64)
+    docs = [[x for x in ids[e - n : e] if x] for n, e in zip(counts, ends, strict=True)]
+    docs = [doc for doc in docs if doc]  # (a sentence of control characters has no ids)
+    stats = dict.fromkeys(STATS, 0)
+    stats.update(documents=len(docs), documents_skipped=len(counts) - len(docs),
+                 single_document_blocks=int(job.nsp and len(docs) == 1))  # fmt: skip
+    flat, lengths, seps, labels = [], [], [], []
+    cls, sep = tok.cls_token_id, tok.sep_token_id
+    for dupe in range(job.dupe_factor):
+        for d in range(len(docs)):
+            # Seeded by what names the document, never by the process that happens to read it.
+            rng = random.Random(f"{job.seed}/{dupe}/{job.file_index}/{job.block_index}/{d}")
+            if job.nsp:
+                pairs = _pairs(docs, d, rng, job.max_seq_length - 3, job.short_seq_prob, stats)
+            else:
+                singles = _singles(docs[d], rng, job.max_seq_length - 2, job.short_seq_prob)
+                pairs = ((a, None, False) for a in singles)
+            for a, b, is_random in pairs:
+                flat += [cls, *a, sep, *b, sep] if b is not None else [cls, *a, sep]
+                lengths.append(len(a) + (len(b) + 3 if b is not None else 2))
+                seps.append(len(a) + 1)
+                labels.append(int(is_random))
+    stats["random_next"] = sum(labels)
+    return (np.array(flat, dtype=job.dtype), np.array(lengths, dtype=np.int64),
+            np.array(seps, dtype=np.int32), np.array(labels, dtype=np.int8), stats)  # fmt: skip
+
+
+# ============================================================================ writing
+def _write_shard(out: Path, k: int, examples: list[tuple[np.ndarray, int, int]]) -> dict:
+    """Write shard ``k`` of (ids, sep, nsp) examples as four .npy files, each by rename."""
+    offsets = np.zeros(len(examples) + 1, dtype=np.int64)
+    np.cumsum([len(ids) for ids, _, _ in examples], out=offsets[1:])
+    name = f"shard_{k:05d}"
+    arrays = {"input_ids": np.concatenate([ids for ids, _, _ in examples]), "offsets": offsets,
+              "sep": np.array([s for _, s, _ in examples], dtype=np.int32),
+              "nsp": np.array([x for _, _, x in examples], dtype=np.int8)}  # fmt: skip
+    for key, array in arrays.items():
+
+        def save(tmp: str, array: np.ndarray = array) -> None:
+            with open(tmp, "wb") as f:  # a file object: np.save adds ".npy" to a bare name
+                np.save(f, array)
+
+        _atomic_write(out / f"{name}.{key}.npy", save)
+    return {"name": name, "examples": len(examples), "tokens": int(offsets[-1])}
+
+
+# ============================================================================ prepare
+def prepare(
+    inputs: str | os.PathLike | Iterable[str | os.PathLike],
+    vocab_dir: str | os.PathLike,
+    output_dir: str | os.PathLike,
+    *,
+    max_seq_length: int = 128,
+    short_seq_prob: float = 0.1,
+    dupe_factor: int = 1,
+    nsp: bool = True,
+    seed: int = 12345,
+    shard_size: int = 100_000,
+    workers: int = 1,
+    progress: bool = True,
+    overwrite: bool = False,
+    block_bytes: int = BLOCK_BYTES,
+) -> Path:
+    """Turn text files into a pre-training corpus in ``output_dir`` (returned; format and recipe
+    in the module docstring), reading the corpus ``dupe_factor`` times. ``workers`` > 1 spreads
+    the blocks over spawned processes (call it under ``if __name__ == "__main__":``) with the
+    same result; ``block_bytes`` sets the blocks and so the random choices. A folder holding a
+    prepared corpus, or part of one, is refused unless ``overwrite``."""
+    files = [Path(inputs)] if isinstance(inputs, (str, os.PathLike)) else list(map(Path, inputs))
+    for path in files:
+        if not path.is_file():
+            raise FileNotFoundError(f"no input file at {path}")
+    if not files:
+        raise ValueError("prepare needs at least one input file")
+    if not 0.0 <= short_seq_prob <= 1.0:
+        raise ValueError(f"short_seq_prob must be in [0, 1], got {short_seq_prob!r}")
+    # max_seq_length: a token each in A and B, and the three special tokens
+    for name, value, least in (("max_seq_length", max_seq_length, 5), ("shard_size", shard_size, 1),
+                               ("dupe_factor", dupe_factor, 1), ("workers", workers, 1),
+                               ("block_bytes", block_bytes, 1)):  # fmt: skip
+        if not isinstance(value, int) or value < least:
+            raise ValueError(f"{name} must be an integer of at least {least}, got {value!r}")
+    out = Path(output_dir)
+    if not overwrite and ((out / "meta.json").exists() or any(out.glob("shard_*.npy"))):
+        raise FileExistsError(f"{out} already holds a prepared corpus (or part of one); pass "
+                              "overwrite=True to replace it")  # fmt: skip
+
+    tok = BertTokenizer.from_pretrained(vocab_dir)
+    vocab_size = max(tok.vocab.values()) + 1
+    settings = dict(vocab_dir=str(vocab_dir), max_seq_length=max_seq_length, nsp=nsp, seed=seed,
+                    short_seq_prob=short_seq_prob, dupe_factor=dupe_factor,
+                    dtype="uint16" if vocab_size < 65536 else "int32")  # fmt: skip
+    sources = [{"path": str(p), "bytes": p.stat().st_size, "layout": detect_layout(p)}
+               for p in files]  # fmt: skip
+    jobs = [_Job(i, k, s["path"], s["layout"], k * block_bytes, (k + 1) * block_bytes, **settings)
+            for i, s in enumerate(sources)
+            for k in range(max(1, -(-s["bytes"] // block_bytes)))]  # fmt: skip
+    totals, shards, pending = dict.fromkeys(STATS, 0), [], []
+    examples = tokens = files_done = 0
+    show = progress and sys.stderr.isatty()
+    started = shown = time.perf_counter()
+    # Spawned, not forked, processes: a fork would not carry the tokenizer engine's threads over.
+    n = min(workers, len(jobs))
+    pool = multiprocessing.get_context("spawn").Pool(n) if n > 1 else None
+    results = pool.imap(_run_block, jobs) if pool else map(_run_block, jobs)
+    try:
+        for done, (job, result) in enumerate(zip(jobs, results, strict=True), 1):
+            ids, lengths, sep, nsp_, stats = result
+            for key, value in stats.items():
+                totals[key] += value
+            examples, tokens = examples + len(lengths), tokens + len(ids)
+            files_done += job.start + block_bytes >= sources[job.file_index]["bytes"]
+            pending += zip(np.split(ids, np.cumsum(lengths))[:-1], sep, nsp_, strict=True)
+            while len(pending) >= shard_size or (done == len(jobs) and pending):
+                if not shards:  # the output starts with the first shard, never before
+                    out.mkdir(parents=True, exist_ok=True)
+                    (out / "meta.json").unlink(missing_ok=True)  # first: now "unfinished"
+                    for old in out.glob("shard_*.npy"):
+                        old.unlink()
+                shards.append(_write_shard(out, len(shards), pending[:shard_size]))
+                del pending[:shard_size]
+            if show and (time.perf_counter() - shown > 0.2 or done == len(jobs)):
+                shown, end = time.perf_counter(), "\n" if done == len(jobs) else ""
+                rate = tokens / (shown - started)  # one status line, as tqdm (not a dependency)
+                sys.stderr.write(
+                    f"\rprepare: files {files_done}/{len(files)}, blocks {done}/"
+                    f"{len(jobs)}, {examples:,} examples, {rate:,.0f} tokens/s{end}"
+                )
+    finally:
+        if pool:
+            pool.terminate()  # all results are in, or a block failed
+    if not shards:
+        raise ValueError(
+            f"no examples could be made from {', '.join(map(str, files))}: "
+            f"{totals['documents']} documents with text, {totals['documents_skipped']} empty "
+            "ones skipped; is the corpus empty?"
+        )
+    meta = {"format": FORMAT, "version": VERSION, "vocab_size": vocab_size,
+            "do_lower_case": tok.do_lower_case, "cls_token_id": tok.cls_token_id,
+            "sep_token_id": tok.sep_token_id, "pad_token_id": tok.pad_token_id, **settings,
+            "block_bytes": block_bytes, "num_examples": examples, "num_tokens": tokens,
+            **totals, "shards": shards, "inputs": sources}  # fmt: skip
+    text = json.dumps(meta, indent=2) + "\n"
+    _atomic_write(out / "meta.json", lambda p: Path(p).write_text(text, "utf-8"))
+    return out
+
+
+# ============================================================================ reading back
+class PretrainingCorpus(torch.utils.data.Dataset):
+    """A prepared corpus, memory-mapped (``np.load(mmap_mode="r")``). ``shards`` (indices into
+    meta.json's list) opens only those: ``shards=range(rank, n_shards, world_size)`` gives one
+    rank of a distributed job its own part."""
+
+    def __init__(self, directory: str | os.PathLike, shards: Iterable[int] | None = None):
+        self.directory = d = Path(directory)
+        if not (d / "meta.json").is_file():
+            raise FileNotFoundError(f"no meta.json in {d}: not a prepared corpus, or its "
+                                    "preparation did not finish")  # fmt: skip
+        self.meta = json.loads((d / "meta.json").read_text("utf-8"))
+        if (self.meta.get("format"), self.meta.get("version")) != (FORMAT, VERSION):
+            raise ValueError(f"{d} does not hold a {FORMAT} of version {VERSION}")
+        entries = self.meta["shards"]
+        chosen = list(range(len(entries)) if shards is None else shards)
+        for k in chosen:
+            if not 0 <= k < len(entries):
+                raise IndexError(f"shard {k} is outside the {len(entries)} shards of {d}")
+        self.pad_id = int(self.meta["pad_token_id"])
+        self._names = [entries[k]["name"] for k in chosen]
+        self._starts = np.cumsum([0] + [entries[k]["examples"] for k in chosen])
+        self._open()
+
+    def _open(self) -> None:
+        self._shards = [{key: np.load(self.directory / f"{name}.{key}.npy", mmap_mode="r")
+                         for key in ("input_ids", "offsets", "sep", "nsp")}
+                        for name in self._names]  # fmt: skip
+        for name, shard, n in zip(self._names, self._shards, np.diff(self._starts), strict=True):
+            if len(shard["offsets"]) != n + 1:
+                raise ValueError(f"{name} in {self.directory} does not match meta.json")
+
+    def __getstate__(self) -> dict:  # DataLoader workers map the files again, not copy them
+        return {**self.__dict__, "_shards": None}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._open()
+
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        """Example i: input_ids (n,) int64; token_type_ids (n,) int64, 1 after the first [SEP];
+        next_sentence_label () int64: 0 when B follows A, 1 when B is random."""
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"example {i} is outside the {len(self)} examples")
+        i %= len(self)
+        s = int(np.searchsorted(self._starts, i, side="right")) - 1
+        shard, j = self._shards[s], i - int(self._starts[s])
+        ids = shard["input_ids"][int(shard["offsets"][j]) : int(shard["offsets"][j + 1])]
+        ids = torch.from_numpy(ids.astype(np.int64))
+        types = torch.zeros_like(ids)
+        types[int(shard["sep"][j]) + 1 :] = 1
+        label = torch.tensor(int(shard["nsp"][j]))
+        return {"input_ids": ids, "token_type_ids": types, "next_sentence_label": label}
+
+    @staticmethod
+    def collate(examples: Sequence[dict[str, torch.Tensor]], pad_id: int) -> dict:
+        """Pad to the longest example: input_ids (B, T) with ``pad_id``, token_type_ids and
+        attention_mask (B, T) with 0 at padding, next_sentence_label (B,); all int64."""
+        if not examples:
+            raise ValueError("collate needs at least one example")
+        B, T = len(examples), max(len(e["input_ids"]) for e in examples)
+        batch = {"input_ids": torch.full((B, T), pad_id, dtype=torch.long),
+                 "token_type_ids": torch.zeros(B, T, dtype=torch.long),
+                 "attention_mask": torch.zeros(B, T, dtype=torch.long)}  # fmt: skip
+        for r, e in enumerate(examples):
+            n = len(e["input_ids"])
+            batch["input_ids"][r, :n] = e["input_ids"]
+            batch["token_type_ids"][r, :n] = e["token_type_ids"]
+            batch["attention_mask"][r, :n] = 1
+        batch["next_sentence_label"] = torch.stack([e["next_sentence_label"] for e in examples])
+        return batch
+
+
+collate = PretrainingCorpus.collate
