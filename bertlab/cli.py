@@ -3,6 +3,10 @@
 bertlab demo                          the bundled real checkpoint: parameters, a sentence run
 bertlab summary [SOURCE] --head H     layer-by-layer parameter table of any size and head
 bertlab inspect embeddings TEXT       the embedding layer taken apart, token by token
+bertlab tokenize TEXT [--pair TEXT]   what the model receives: tokens, ids, types, offsets
+bertlab train-vocab FILES -o DIR      a WordPiece vocabulary from raw text
+bertlab prepare FILES -o DIR          raw text -> sentence-pair shards for pre-training
+bertlab bench [WORKLOAD ...]          speed side by side with transformers
 """
 
 from __future__ import annotations
@@ -177,6 +181,19 @@ def cmd_train_vocab(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from .data.corpus import prepare
+
+    out = prepare(args.files, args.model, args.output, max_seq_length=args.max_seq_length,
+                  short_seq_prob=args.short_seq_prob, dupe_factor=args.dupe_factor,
+                  nsp=not args.no_nsp, seed=args.seed, workers=args.workers,
+                  overwrite=args.overwrite)  # fmt: skip
+    meta = json.loads((out / "meta.json").read_text())
+    print(f"wrote {out}: {meta['num_examples']:,} examples, {meta['num_tokens']:,} tokens "
+          f"({meta['random_next']:,} with a random next segment)")  # fmt: skip
+    return 0
+
+
 # ============================================================================ bench
 def cmd_bench(args: argparse.Namespace) -> int:
     from .bench import (
@@ -294,6 +311,19 @@ def build_parser() -> argparse.ArgumentParser:
     tv.add_argument("--cased", action="store_true", help="keep case and accents")
     tv.set_defaults(func=cmd_train_vocab)
 
+    prep = sub.add_parser("prepare", help="raw text -> sentence-pair shards for pre-training")
+    prep.add_argument("files", nargs="+", help="text, WikiText (.tokens) or JSON-lines files")
+    prep.add_argument("-o", "--output", required=True, help="folder for the shards")
+    prep.add_argument("--model", default=BUNDLED_NAMES[0], help="folder with the vocabulary")
+    prep.add_argument("--max-seq-length", type=int, default=128)
+    prep.add_argument("--short-seq-prob", type=float, default=0.1)
+    prep.add_argument("--dupe-factor", type=int, default=1)
+    prep.add_argument("--no-nsp", action="store_true", help="single segments, MLM only")
+    prep.add_argument("--seed", type=int, default=12345)
+    prep.add_argument("--workers", type=int, default=1)
+    prep.add_argument("--overwrite", action="store_true")
+    prep.set_defaults(func=cmd_prepare)
+
     bench = sub.add_parser("bench", help="measure bertlab against transformers")
     bench.add_argument("workloads", nargs="*",
                        help="any of tokenizer, int8, variable, fixed128, fixed512, latency, train "
@@ -324,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, FileExistsError) as e:
         print(f"bertlab {args.command}: error: {e}", file=sys.stderr)
         return 2
 

@@ -126,3 +126,17 @@ def test_bench_model_workloads_report_and_chart(capsys, tmp_path):
 def test_bench_unknown_workload_is_named(capsys):
     code, _, err = run(capsys, "bench", "warp-speed")
     assert code == 2 and "warp-speed" in err
+
+
+def test_prepare_command_writes_a_corpus_the_dataset_reads(capsys, tmp_path):
+    from pathlib import Path
+
+    from bertlab.data.corpus import PretrainingCorpus
+
+    sample = Path(__file__).parent / "fixtures" / "wikitext2_sample.tokens"
+    code, out, _ = run(capsys, "prepare", str(sample), "-o", str(tmp_path / "c"), "--seed", "1")
+    assert code == 0 and "examples" in out
+    corpus = PretrainingCorpus(tmp_path / "c")
+    assert len(corpus) > 10 and int(corpus[0]["input_ids"][0]) == 101  # [CLS] first
+    code, _, err = run(capsys, "prepare", str(sample), "-o", str(tmp_path / "c"))
+    assert code == 2 and "overwrite" in err  # an existing corpus is not overwritten silently
