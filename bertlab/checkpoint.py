@@ -264,11 +264,13 @@ def save_pretrained(model: torch.nn.Module, directory: str | os.PathLike) -> Non
     config = model.config.replace(architectures=(type(model).__name__,))
     keep = set(_model_keys(model).values())
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items() if k in keep}
-    _atomic_write(d / SAFETENSORS, lambda p: save_file(state, p, metadata={"format": "pt"}))
-    _atomic_write(d / "config.json", config.to_json_file)
+    atomic_write(d / SAFETENSORS, lambda p: save_file(state, p, metadata={"format": "pt"}))
+    atomic_write(d / "config.json", config.to_json_file)
 
 
-def _atomic_write(target: Path, write) -> None:
+def atomic_write(target: Path, write) -> None:
+    """``write(path)`` into a temporary file beside ``target``, fsync it, then rename it over
+    ``target``: readers see the old file or the new one, never half of one."""
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     os.close(fd)
     try:

@@ -27,7 +27,7 @@ from .config import ATTN_IMPLEMENTATIONS, BertConfig
 from .outputs import (
     BaseModelOutputWithPooling,
 )
-from .packing import Packing
+from .packing import Packing, check_rows
 
 ACTIVATIONS = {
     "gelu": lambda: nn.GELU(),  # exact, with erf: what BERT uses
@@ -481,12 +481,7 @@ class BertModel(BertPreTrainedModel):
             layout = None
             if attention_mask is not None:
                 layout = attention_mask.bool()
-                empty = (~layout.any(1)).nonzero()
-                if len(empty):
-                    raise ValueError(
-                        f"row {int(empty[0])} of attention_mask has no tokens (all padding): "
-                        "there is nothing for it to attend over"
-                    )
+                check_rows(layout)
                 if bool(layout.all()):
                     layout = None  # no padding: let the kernel skip the mask
         x, hidden_states, attentions = self.encoder(
@@ -532,9 +527,9 @@ class Encoded:
     hidden_states: tuple[torch.Tensor, ...] | None  # L+1 of (B, T, H)
     attentions: tuple[torch.Tensor, ...] | None  # L of (B, A, T, T)
 
-    def padded(self, t: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
-        """A per-token tensor in the hidden layout -> (B, T, ...), ``fill`` at padding."""
-        return t if self.packing is None else self.packing.pad(t, fill)
+    def padded(self, t: torch.Tensor) -> torch.Tensor:
+        """A per-token tensor in the hidden layout -> (B, T, ...), zeros at padding."""
+        return t if self.packing is None else self.packing.pad(t)
 
     def per_token(self, t: torch.Tensor) -> torch.Tensor:
         """A (B, T, ...) tensor (labels) -> the hidden layout."""

@@ -16,6 +16,16 @@ from dataclasses import dataclass
 import torch
 
 
+def check_rows(mask: torch.Tensor) -> None:
+    """mask (B, T) bool: refuse a row without a single token (every kernel calls this)."""
+    empty = (~mask.any(1)).nonzero()
+    if len(empty):
+        raise ValueError(
+            f"row {int(empty[0])} of attention_mask has no tokens (all padding): "
+            "there is nothing for it to attend over"
+        )
+
+
 @dataclass(frozen=True)
 class Packing:
     """Where the real tokens of a padded (B, T) batch are."""
@@ -47,14 +57,8 @@ class Packing:
             indices = None
         else:
             mask = mask.bool()
-            counts = mask.sum(1)
-            empty = (counts == 0).nonzero()
-            if len(empty):
-                raise ValueError(
-                    f"row {int(empty[0])} of attention_mask has no tokens (all padding): "
-                    "there is nothing for it to attend over"
-                )
-            lengths = tuple(counts.tolist())
+            check_rows(mask)
+            lengths = tuple(mask.sum(1).tolist())
             indices = mask.reshape(-1).nonzero().squeeze(1)
         cu = torch.zeros(batch + 1, dtype=torch.int32)
         cu[1:] = torch.tensor(lengths).cumsum(0)

@@ -29,7 +29,7 @@ from tokenizers import (
     trainers,
 )
 
-from .checkpoint import _atomic_write, resolve_model_dir
+from .checkpoint import atomic_write, resolve_model_dir
 
 # Role -> the token BERT uses for it. Every vocabulary must hold all five.
 SPECIAL_TOKENS = {
@@ -205,7 +205,7 @@ class BertTokenizer:
             "tokenizer.json": self._tok.to_str(),
         }
         for name, text in files.items():
-            _atomic_write(d / name, lambda p, text=text: Path(p).write_text(text, "utf-8"))
+            atomic_write(d / name, lambda p, text=text: Path(p).write_text(text, "utf-8"))
 
     # ----------------------------------------------------------------------------- basics
     @property
@@ -536,8 +536,8 @@ def train_vocab(
               "strip_accents": None, "tokenize_chinese_chars": True,
               "model_max_length": 512}  # fmt: skip
     text = "".join(t + "\n" for t, _ in vocab)
-    _atomic_write(out / "vocab.txt", lambda p: Path(p).write_text(text, "utf-8"))
-    _atomic_write(
+    atomic_write(out / "vocab.txt", lambda p: Path(p).write_text(text, "utf-8"))
+    atomic_write(
         out / "tokenizer_config.json",
         lambda p: Path(p).write_text(json.dumps(config, indent=2) + "\n", "utf-8"),
     )

@@ -30,6 +30,8 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from .checkpoint import atomic_write
+
 logger = logging.getLogger("bertlab")
 CHECKPOINT = "checkpoint.pt"
 
@@ -143,15 +145,10 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
-    """Write atomically: temporary file, fsync, rename; the previous one is kept as .prev."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
+    """Write atomically (temporary file, fsync, rename); the previous one is kept as .prev."""
     if path.exists():
         os.replace(path, path.with_name(path.name + ".prev"))
-    os.replace(tmp, path)
+    atomic_write(path, lambda p: torch.save(state, p))
 
 
 def load_checkpoint(path: Path) -> dict[str, Any] | None:

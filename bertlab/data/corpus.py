@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..checkpoint import _atomic_write
+from ..checkpoint import atomic_write
 from ..tokenizer import BertTokenizer
 
 FORMAT, VERSION = "bertlab-pretraining-corpus", 1
@@ -323,7 +323,7 @@ def _write_shard(out: Path, k: int, examples: list[tuple[np.ndarray, int, int]])
             with open(tmp, "wb") as f:  # a file object: np.save adds ".npy" to a bare name
                 np.save(f, array)
 
-        _atomic_write(out / f"{name}.{key}.npy", save)
+        atomic_write(out / f"{name}.{key}.npy", save)
     return {"name": name, "examples": len(examples), "tokens": int(offsets[-1])}
 
 
@@ -424,7 +424,7 @@ def prepare(
             "block_bytes": block_bytes, "num_examples": examples, "num_tokens": tokens,
             **totals, "shards": shards, "inputs": sources}  # fmt: skip
     text = json.dumps(meta, indent=2) + "\n"
-    _atomic_write(out / "meta.json", lambda p: Path(p).write_text(text, "utf-8"))
+    atomic_write(out / "meta.json", lambda p: Path(p).write_text(text, "utf-8"))
     return out
 
 
