@@ -6,6 +6,8 @@ bertlab inspect embeddings TEXT       the embedding layer taken apart, token by 
 bertlab tokenize TEXT [--pair TEXT]   what the model receives: tokens, ids, types, offsets
 bertlab train-vocab FILES -o DIR      a WordPiece vocabulary from raw text
 bertlab prepare FILES -o DIR          raw text -> sentence-pair shards for pre-training
+bertlab pretrain --data DIR -o RUN    masked LM + NSP pre-training (torchrun for many processes)
+bertlab plot RUN                      a run's loss and accuracy curves to PNG
 bertlab bench [WORKLOAD ...]          speed side by side with transformers
 """
 
@@ -187,10 +189,65 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     out = prepare(args.files, args.model, args.output, max_seq_length=args.max_seq_length,
                   short_seq_prob=args.short_seq_prob, dupe_factor=args.dupe_factor,
                   nsp=not args.no_nsp, seed=args.seed, workers=args.workers,
-                  overwrite=args.overwrite)  # fmt: skip
+                  shard_size=args.shard_size, overwrite=args.overwrite)  # fmt: skip
     meta = json.loads((out / "meta.json").read_text())
     print(f"wrote {out}: {meta['num_examples']:,} examples, {meta['num_tokens']:,} tokens "
           f"({meta['random_next']:,} with a random next segment)")  # fmt: skip
+    return 0
+
+
+# ============================================================================ pretrain, plot
+def cmd_pretrain(args: argparse.Namespace) -> int:
+    import os
+
+    from .pretrain import PretrainConfig, pretrain
+    from .train import TrainConfig
+
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1  # launched by torchrun
+    device = args.device
+    if distributed:
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        if device == "cuda":
+            device = f"cuda:{local}"
+            torch.cuda.set_device(local)
+        torch.distributed.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+    try:
+        steps = args.steps
+        tc = TrainConfig(
+            out_dir=args.output, steps=steps, lr=args.lr, weight_decay=args.weight_decay,
+            warmup_steps=steps // 100 if args.warmup_steps is None else args.warmup_steps,
+            optimizer=args.optimizer, max_grad_norm=args.max_grad_norm,
+            grad_accum=args.grad_accum, precision=args.precision, seed=args.seed,
+            log_every=args.log_every, save_every=args.save_every, device=device,
+            compile=args.compile,
+        )  # fmt: skip
+        config = PretrainConfig(
+            data=args.data, train=tc, model=args.model, batch_size=args.batch_size,
+            long_data=args.long_data, long_fraction=args.long_fraction,
+            long_batch_size=args.long_batch_size, eval_data=args.eval_data,
+            eval_examples=args.eval_examples, eval_every=args.eval_every,
+            masking=args.masking, mask_rate=args.mask_rate,
+            max_predictions=args.max_predictions, whole_word=args.whole_word,
+            dropout=args.dropout,
+        )  # fmt: skip
+        metrics = pretrain(config, resume=args.resume, overwrite=args.overwrite)
+        if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
+            return 0
+        shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k != "step")
+        if metrics.get("step") == steps:
+            print(f"done: step {steps}, {shown}; model in {Path(args.output) / 'model'}")
+        else:
+            print(f"stopped at step {metrics.get('step')}: continue with --resume")
+        return 0
+    finally:
+        if distributed and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from .curves import plot_run
+
+    print(f"wrote {plot_run(args.run, args.output)}")
     return 0
 
 
@@ -206,6 +263,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         tokenizer_texts,
     )
 
+    if args.workloads == ["pretrain"]:
+        return _bench_pretrain(args)
     report: dict = {"machine": machine(), "results": []}
     workloads = args.workloads or ["tokenizer", "int8", *WORKLOADS]
     unknown = [w for w in workloads if w not in WORKLOADS and w not in ("tokenizer", "int8")]
@@ -258,6 +317,36 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"report: {args.out}")
     if args.plot and report["results"]:
         plot(report, args.plot)
+        print(f"chart: {args.plot}")
+    return 0
+
+
+def _bench_pretrain(args: argparse.Namespace) -> int:
+    from .bench import machine
+    from .bench_pretrain import bench_pretrain, plot_pretrain
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if not (args.corpus and args.eval_corpus):
+        raise ValueError("bench pretrain needs --corpus and --eval-corpus (bertlab prepare)")
+    r = bench_pretrain(args.corpus, args.eval_corpus, args.long_corpus, preset=args.preset,
+                       steps=args.steps, batch_size=args.batch_size,
+                       long_batch_size=args.long_batch_size, lr=args.lr,
+                       warmup=args.warmup_steps,
+                       segment=args.segment, eval_every=args.eval_every)  # fmt: skip
+    report = {"machine": machine(), "pretrain": r}
+    print(f"{'':<14}{'s/step':>8}{'tokens/s':>10}{'MLM acc':>9}{'NSP acc':>9}")
+    for side in ("bertlab", "transformers"):
+        f = r["final"][side]
+        print(f"{side:<14}{r['seconds_per_step'][side]:>8.3f}{r['tokens_per_s'][side]:>10,.0f}"
+              f"{f['mlm_acc']:>9.4f}{f['nsp_acc']:>9.4f}")  # fmt: skip
+    print(f"bertlab is {r['speedup']:.2f}x faster per step")
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+        print(f"report: {args.out}")
+    if args.plot:
+        plot_pretrain(r, args.plot)
         print(f"chart: {args.plot}")
     return 0
 
@@ -321,13 +410,55 @@ def build_parser() -> argparse.ArgumentParser:
     prep.add_argument("--no-nsp", action="store_true", help="single segments, MLM only")
     prep.add_argument("--seed", type=int, default=12345)
     prep.add_argument("--workers", type=int, default=1)
+    prep.add_argument("--shard-size", type=int, default=100_000, help="examples per shard")
     prep.add_argument("--overwrite", action="store_true")
     prep.set_defaults(func=cmd_prepare)
 
+    pt = sub.add_parser("pretrain", help="masked LM + next sentence prediction pre-training")
+    pt.add_argument("--data", required=True, help="a prepared corpus (bertlab prepare)")
+    pt.add_argument("-o", "--output", required=True, help="the run folder")
+    pt.add_argument("--model", default="mini",
+                    help=f"a preset ({', '.join(PRESETS)}), a config.json, or a model folder "
+                    "to continue from")  # fmt: skip
+    pt.add_argument("--steps", type=int, default=1000, help="optimizer steps in all")
+    pt.add_argument("--batch-size", type=int, default=32, help="global, per step")
+    pt.add_argument("--long-data", help="the long phase's corpus (e.g. prepared at 512)")
+    pt.add_argument("--long-fraction", type=float, default=0.1, help="share of steps on it")
+    pt.add_argument("--long-batch-size", type=int, help="default: --batch-size")
+    pt.add_argument("--eval-data", help="a held-out prepared corpus")
+    pt.add_argument("--eval-examples", type=int, default=512)
+    pt.add_argument("--eval-every", type=int, default=0, help="default: 10 times a run")
+    pt.add_argument("--masking", choices=["dynamic", "static"], default="dynamic")
+    pt.add_argument("--mask-rate", type=float, default=0.15)
+    pt.add_argument("--max-predictions", type=int, help="per sequence (default 15%% of length)")
+    pt.add_argument("--whole-word", action="store_true", help="mask whole words")
+    pt.add_argument("--lr", type=float, default=1e-4)
+    pt.add_argument("--warmup-steps", type=int, help="default: 1%% of the steps")
+    pt.add_argument("--weight-decay", type=float, default=0.01)
+    pt.add_argument("--optimizer", choices=["adamw", "lamb"], default="adamw")
+    pt.add_argument("--max-grad-norm", type=float, default=1.0)
+    pt.add_argument("--grad-accum", type=int, default=1)
+    pt.add_argument("--precision", choices=["float32", "bfloat16"], default="float32")
+    pt.add_argument("--dropout", type=float, help="override the model's dropout")
+    pt.add_argument("--compile", action="store_true", help="torch.compile the model")
+    pt.add_argument("--device", default="cpu", help="cpu or cuda (one per process)")
+    pt.add_argument("--seed", type=int, default=0)
+    pt.add_argument("--log-every", type=int, default=10)
+    pt.add_argument("--save-every", type=int, default=500)
+    pt.add_argument("--resume", action="store_true", help="continue the run in --output")
+    pt.add_argument("--overwrite", action="store_true", help="replace the run in --output")
+    pt.set_defaults(func=cmd_pretrain)
+
+    plot = sub.add_parser("plot", help="a run's loss and accuracy curves to PNG")
+    plot.add_argument("run", help="a run folder (holding metrics.jsonl)")
+    plot.add_argument("-o", "--output", help="PNG path (default RUN/curves.png)")
+    plot.set_defaults(func=cmd_plot)
+
     bench = sub.add_parser("bench", help="measure bertlab against transformers")
     bench.add_argument("workloads", nargs="*",
-                       help="any of tokenizer, int8, variable, fixed128, fixed512, latency, train "
-                       "(default: all)")  # fmt: skip
+                       help="any of tokenizer, int8, variable, fixed128, fixed512, latency, "
+                       "train (default: all); or pretrain alone: a pre-training run on each "
+                       "side")  # fmt: skip
     bench.add_argument(
         "--models",
         default="default,base",
@@ -346,6 +477,18 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--repeats", type=int, default=5)
     bench.add_argument("--out", help="write the JSON report here")
     bench.add_argument("--plot", help="write a bar chart of the ratios here (PNG)")
+    pre = bench.add_argument_group("bench pretrain")
+    pre.add_argument("--corpus", help="prepared corpus to train on")
+    pre.add_argument("--long-corpus", help="prepared corpus for the last 10%% of the steps")
+    pre.add_argument("--eval-corpus", help="prepared held-out corpus")
+    pre.add_argument("--preset", default="mini")
+    pre.add_argument("--steps", type=int, default=1000)
+    pre.add_argument("--batch-size", type=int, default=32)
+    pre.add_argument("--long-batch-size", type=int)
+    pre.add_argument("--lr", type=float, default=1e-4)
+    pre.add_argument("--warmup-steps", type=int, help="default: 1%% of the steps")
+    pre.add_argument("--segment", type=int, default=50, help="steps per side, alternating")
+    pre.add_argument("--eval-every", type=int, default=100)
     bench.set_defaults(func=cmd_bench)
     return p
 

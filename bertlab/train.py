@@ -9,6 +9,13 @@ or LAMB, linear warm-up then linear decay, gradient accumulation and clipping, b
 autocast, checkpoints that lose nothing (model, optimiser, schedule, RNG states, step; written
 atomically, periodically and on SIGINT/SIGTERM), a metrics file and a progress line. A loss
 that is not finite stops the run, naming the step and the last good checkpoint.
+
+Many processes (``torchrun``; the caller has run ``torch.distributed.init_process_group``): the
+model is wrapped in DistributedDataParallel, ``data`` gives each rank its own rows, and only rank
+0 writes. DDP averages the gradients over ranks, so a task whose loss is "this rank's share of
+the global loss" (its sum over its rows divided by the global count) multiplies it by the world
+size; its metrics are shares too, and the loop sums them over ranks. A task that does so gives
+the same run on any number of processes (``bertlab.pretrain`` does).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -60,6 +68,7 @@ class TrainConfig:
     log_every: int = 10
     save_every: int = 0  # 0 = only at the end (and on SIGINT/SIGTERM)
     device: str = "cpu"
+    compile: bool = False  # torch.compile the model (dynamic shapes)
 
     def __post_init__(self) -> None:
         for name in ("steps", "grad_accum", "log_every"):
@@ -138,7 +147,7 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
+    torch.set_rng_state(state["torch"])  # type: ignore[arg-type]
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -165,6 +174,26 @@ def load_checkpoint(path: Path) -> dict[str, Any] | None:
     return None
 
 
+# ============================================================================ many processes
+def world() -> tuple[int, int]:
+    """(rank, world size): (0, 1) unless torch.distributed is initialised."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def sum_over_ranks(values: list[float]) -> list[float]:
+    """Each value summed over the ranks (the identity on one process)."""
+    if world()[1] == 1:
+        return values
+    t = torch.tensor(values, dtype=torch.float64)
+    if torch.distributed.get_backend() == "nccl":
+        t = t.cuda()
+    torch.distributed.all_reduce(t)
+    return t.tolist()
+
+
 # ============================================================================ the loop
 def train(
     model: nn.Module,
@@ -177,14 +206,19 @@ def train(
 ) -> dict[str, float]:
     """Train ``model`` for ``config.steps`` optimizer steps; returns the last metrics.
 
-    ``data(step, micro)`` -> batch dict; ``task(model, batch)`` -> (loss, metrics).
-    Writes ``metrics.jsonl`` and ``checkpoint.pt`` in ``config.out_dir``.
+    ``data(step, micro)`` -> batch dict (this rank's rows); ``task(model, batch)`` -> (loss,
+    metrics). ``evaluate(model, step)`` runs every ``eval_every`` steps on every rank, on the
+    unwrapped model in eval mode. Rank 0 writes ``metrics.jsonl`` and ``checkpoint.pt`` in
+    ``config.out_dir``. The data position is the step: ``data`` is a function of it.
     """
+    rank, world_size = world()
+    main = rank == 0
     out = Path(config.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
     ckpt_path = out / CHECKPOINT
-    torch.manual_seed(config.seed)
-    random.seed(config.seed)
+    torch.manual_seed(config.seed + rank)
+    random.seed(config.seed + rank)
     model.to(config.device).train()
     groups = param_groups(model, config.weight_decay)
     if config.optimizer == "lamb":
@@ -202,22 +236,43 @@ def train(
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["scheduler"])
-        set_rng_state(state["rng"])
+        ranks = state.get("rng_ranks", [state["rng"]])
+        if len(ranks) != world_size and main:
+            logger.warning("the checkpoint holds the random states of %d processes, this run "
+                           "has %d: dropout draws will differ from an unbroken run",
+                           len(ranks), world_size)  # fmt: skip
+        set_rng_state(ranks[rank] if len(ranks) == world_size else ranks[0])
         start = state["step"]
-        logger.warning("resuming %s at step %d", out, start)
+        if main:
+            logger.warning("resuming %s at step %d", out, start)
+
+    ddp = None
+    net: nn.Module = model
+    if world_size > 1:
+        cuda = config.device.startswith("cuda")
+        ddp = net = nn.parallel.DistributedDataParallel(
+            model, device_ids=[torch.device(config.device).index] if cuda else None
+        )
+    if config.compile:
+        net = torch.compile(net, dynamic=True)  # type: ignore[assignment]
 
     saved = start if resume else None
 
     def snapshot(step: int) -> None:
         nonlocal saved
         saved = step
-        save_checkpoint(ckpt_path, {
-            "model": model.state_dict(), "optimizer": opt.state_dict(),
-            "scheduler": sched.state_dict(), "rng": rng_state(), "step": step,
-            "config": asdict(config),
-        })  # fmt: skip
+        ranks = [rng_state()]
+        if world_size > 1:  # every rank's random state, so that dropout resumes exactly
+            ranks = [None] * world_size
+            torch.distributed.all_gather_object(ranks, rng_state())
+        if main:
+            save_checkpoint(ckpt_path, {
+                "model": model.state_dict(), "optimizer": opt.state_dict(),
+                "scheduler": sched.state_dict(), "rng": ranks[0], "rng_ranks": ranks,
+                "step": step, "config": asdict(config),
+            })  # fmt: skip
 
-    stop = {"signal": None}
+    stop = {"signal": 0}
 
     def on_signal(signum, _frame) -> None:
         stop["signal"] = signum  # finish the current step, save, then leave
@@ -228,63 +283,84 @@ def train(
     metrics: dict[str, float] = {}
     dtype = torch.bfloat16 if config.precision == "bfloat16" else torch.float32
     started = time.perf_counter()
+    total_tokens, eval_seconds = 0, 0.0
+    log = open(out / "metrics.jsonl", "a" if resume else "w") if main else None  # noqa: SIM115
     try:
-        with open(out / "metrics.jsonl", "a" if resume else "w") as log:
-            for step in range(start, config.steps):
-                sums: dict[str, float] = {}
-                tokens = 0
-                for micro in range(config.grad_accum):
-                    batch = {k: v.to(config.device) for k, v in data(step, micro).items()}
+        for step in range(start, config.steps):
+            sums: dict[str, float] = {}
+            tokens = 0
+            for micro in range(config.grad_accum):
+                batch = {k: v.to(config.device) for k, v in data(step, micro).items()}
+                last = micro == config.grad_accum - 1
+                # Gradients are exchanged once per step, after the last micro-batch.
+                with ddp.no_sync() if ddp is not None and not last else nullcontext():
                     with torch.autocast(config.device.split(":")[0], dtype=dtype,
                                         enabled=dtype != torch.float32):  # fmt: skip
-                        loss, m = task(model, batch)
+                        loss, m = task(net, batch)
                     (loss / config.grad_accum).backward()
-                    for k, v in m.items():
-                        sums[k] = sums.get(k, 0.0) + float(v) / config.grad_accum
-                    if "attention_mask" in batch:
-                        tokens += int(batch["attention_mask"].sum())
-                if not all(math.isfinite(v) for v in sums.values()):
-                    good = f"{ckpt_path} (step {saved})" if saved is not None else "none yet"
-                    raise FloatingPointError(
-                        f"loss is not finite at step {step + 1} ({sums}); the run stops here. "
-                        f"Last good checkpoint: {good}"
-                    )
-                if config.max_grad_norm:
-                    nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
-                opt.step()
-                sched.step()
-                opt.zero_grad(set_to_none=True)
-                done = step + 1
-                metrics = {"step": done, "lr": sched.get_last_lr()[0], **sums}
-                if evaluate is not None and eval_every and done % eval_every == 0:
-                    model.eval()
+                for k, v in m.items():
+                    sums[k] = sums.get(k, 0.0) + float(v) / config.grad_accum
+                if "attention_mask" in batch:
+                    tokens += int(batch["attention_mask"].sum())
+            # Metrics are per-rank shares: their sums are the global values. The token count
+            # and the stop request travel in the same message.
+            keys = sorted(sums)
+            *values, tokens, asked = sum_over_ranks([sums[k] for k in keys] +
+                                                    [tokens, float(stop["signal"])])  # fmt: skip
+            sums = dict(zip(keys, values, strict=True))
+            if not all(math.isfinite(v) for v in sums.values()):
+                good = f"{ckpt_path} (step {saved})" if saved is not None else "none yet"
+                raise FloatingPointError(
+                    f"loss is not finite at step {step + 1} ({sums}); the run stops here. "
+                    f"Last good checkpoint: {good}"
+                )
+            if config.max_grad_norm:
+                nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            done = step + 1
+            metrics = {"step": done, "lr": sched.get_last_lr()[0], **sums}
+            if evaluate is not None and eval_every and (done % eval_every == 0
+                                                        or done == config.steps):  # fmt: skip
+                t0 = time.perf_counter()
+                model.eval()
+                with torch.no_grad():
                     metrics.update({f"eval_{k}": v for k, v in evaluate(model, done).items()})
-                    model.train()
+                model.train()
+                eval_seconds += time.perf_counter() - t0
+            elapsed = time.perf_counter() - started - eval_seconds  # training time only
+            total_tokens += int(tokens)
+            metrics["tokens_per_s"] = total_tokens / elapsed if elapsed > 0 else 0.0
+            if log is not None:
                 log.write(json.dumps(metrics) + "\n")
                 log.flush()
-                elapsed = time.perf_counter() - started
-                if done % config.log_every == 0 or done == config.steps:
-                    _progress(done, config.steps, start, elapsed, sums, tokens)
-                if (config.save_every and done % config.save_every == 0) or stop["signal"]:
-                    snapshot(done)
-                if stop["signal"]:
-                    logger.warning("signal %s: saved step %d in %s", stop["signal"], done, out)
-                    break
+            if main and (done % config.log_every == 0 or done == config.steps):
+                _progress(done, config.steps, start, elapsed, sums, metrics["tokens_per_s"])
+            if (config.save_every and done % config.save_every == 0) or asked:
+                snapshot(done)
+            if asked:
+                if main:
+                    logger.warning("stopped by a signal: saved step %d in %s", done, out)
+                stop["signal"] = -1  # the caller can tell a stopped run by metrics["step"]
+                break
         if not stop["signal"]:
             snapshot(config.steps)
     finally:
+        if log is not None:
+            log.close()
         for s, handler in previous.items():
             signal.signal(s, handler)
     return metrics
 
 
-def _progress(done: int, total: int, start: int, elapsed: float, m: dict, tokens: int) -> None:
+def _progress(done: int, total: int, start: int, elapsed: float, m: dict, rate_tok: float) -> None:
     rate = (done - start) / elapsed if elapsed > 0 else 0.0
     eta = (total - done) / rate if rate > 0 else 0.0
     width = 24
     bar = "#" * int(width * done / total) + "." * (width - int(width * done / total))
     shown = " ".join(f"{k} {v:.4f}" for k, v in m.items())
-    tok = f" {tokens * rate:,.0f} tok/s" if tokens else ""
+    tok = f" {rate_tok:,.0f} tok/s" if rate_tok else ""
     print(f"\r[{bar}] {done}/{total} {shown}{tok} eta {eta:,.0f}s", end="", file=sys.stderr,
           flush=True)  # fmt: skip
     if done == total:

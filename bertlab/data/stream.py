@@ -1,0 +1,165 @@
+"""The rows of every pre-training step, read from a prepared corpus, and their masks.
+
+The rows of the global batch go round-robin over the corpus's shards: row g comes from shard
+g mod n_shards, the (g // n_shards)-th example of that shard's stream, which goes over the
+shard in a fresh random order each pass. Rank r of W processes owns shards r, r + W, ...: it
+opens and reads those only, yet the global batch is the same for any W (the number of shards
+must be a multiple of W, the batch a multiple of W x micro-batches).
+
+A row's mask is drawn from its own generator, seeded with the row's identity: (seed, shard,
+example, pass) for dynamic masking, fresh each pass; (seed, shard, example) for static masking,
+the same mask every pass, as a mask fixed at preparation would be (the ``dupe_factor`` copies of
+the corpus are other examples, so they get other masks). So masks depend on neither the process
+nor the global random state, and a resumed run sees the very batches it would have seen.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..train import sum_over_ranks, world
+from .corpus import PretrainingCorpus
+from .masking import IGNORE_INDEX, MaskingConfig, mask_tokens, special_tokens_mask
+
+
+def _seed(*parts: int) -> int:
+    """A 63-bit seed mixed from integers (numpy's SeedSequence: no collisions by addition)."""
+    a, b = np.random.SeedSequence([int(p) for p in parts]).generate_state(2)
+    return (int(a) << 31) ^ int(b)
+
+
+class CorpusStream:
+    """The rows of every step, read from a prepared corpus; this rank's rows only.
+
+    ``batch_size`` is global, per optimizer step; ``grad_accum`` splits it into micro-batches.
+    ``__call__(step, micro)`` gives this rank's part of micro-batch ``micro`` of ``step``
+    (counted from ``first_step``, where this phase starts): input_ids, token_type_ids,
+    attention_mask, labels (-100 where not predicted), next_sentence_label, and the global
+    counts the loss divides by (``mlm_count``: masked tokens, ``nsp_count``: rows).
+    """
+
+    def __init__(self, directory: str | Path, batch_size: int, masking: MaskingConfig, *,
+                 mask_token_id: int, vocab_size: int, grad_accum: int = 1, first_step: int = 0,
+                 seed: int = 0, static: bool = False, continuation: torch.Tensor | None = None,
+                 rank: int | None = None, world_size: int | None = None):  # fmt: skip
+        r, w = world()
+        self.rank, self.world_size = (r if rank is None else rank), (w if world_size is None
+                                                                     else world_size)  # fmt: skip
+        meta = json.loads((Path(directory) / "meta.json").read_text("utf-8")) if (
+            Path(directory) / "meta.json").is_file() else None  # fmt: skip
+        if meta is None:
+            raise FileNotFoundError(f"no meta.json in {directory}: not a prepared corpus "
+                                    "(run `bertlab prepare` first)")  # fmt: skip
+        self.n_shards = n = len(meta["shards"])
+        W = self.world_size
+        if batch_size % (grad_accum * W):
+            raise ValueError(
+                f"batch size {batch_size} cannot be split into {grad_accum} micro-batch(es) "
+                f"over {W} process(es): it must be a multiple of {grad_accum * W}"
+            )
+        if n % W:
+            raise ValueError(
+                f"{directory} has {n} shard(s), which {W} processes cannot share evenly: "
+                f"prepare it again with a --shard-size that gives a multiple of {W} shards"
+            )
+        self.meta, self.directory = meta, Path(directory)
+        self.micro = batch_size // grad_accum  # global rows per micro-batch
+        self.grad_accum, self.first_step, self.seed = grad_accum, first_step, seed
+        self.masking, self.static, self.continuation = masking, static, continuation
+        self.mask_token_id, self.vocab_size = mask_token_id, vocab_size
+        self.sizes = [int(s["examples"]) for s in meta["shards"]]
+        self.own = list(range(self.rank, n, W))
+        self.corpus = PretrainingCorpus(directory, shards=self.own)
+        self._starts = np.cumsum([0] + [self.sizes[k] for k in self.own])
+        self.special = [meta["cls_token_id"], meta["sep_token_id"]]
+        self._perms: dict[tuple[int, int], np.ndarray] = {}
+
+    @property
+    def max_seq_length(self) -> int:
+        return int(self.meta["max_seq_length"])
+
+    def _example(self, k: int, p: int) -> tuple[int, int]:
+        """Shard k's p-th stream position -> (example index in shard k, pass number)."""
+        n = self.sizes[k]
+        epoch = p // n
+        if (k, epoch) not in self._perms:
+            if len(self._perms) > 4 * len(self.own):
+                self._perms.clear()
+            rng = np.random.Generator(np.random.PCG64(_seed(self.seed, 1, k, epoch)))
+            self._perms[(k, epoch)] = rng.permutation(n)
+        return int(self._perms[(k, epoch)][p % n]), epoch
+
+    def rows(self, step: int, micro: int) -> list[tuple[int, int, int]]:
+        """This rank's rows of a micro-batch: (shard, example in shard, pass)."""
+        u = (step - self.first_step) * self.grad_accum + micro
+        rows = []
+        for g in range(u * self.micro, (u + 1) * self.micro):
+            k = g % self.n_shards
+            if k % self.world_size == self.rank:
+                rows.append((k, *self._example(k, g // self.n_shards)))
+        return rows
+
+    def __call__(self, step: int, micro: int) -> dict[str, torch.Tensor]:
+        return self.batch(self.rows(step, micro))
+
+    def batch(self, rows: list[tuple[int, int, int]]) -> dict[str, torch.Tensor]:
+        """Read, mask and pad these rows (shard, example in shard, pass)."""
+        examples, masked = [], []
+        for k, j, epoch in rows:
+            e = self.corpus[int(self._starts[self.own.index(k)]) + j]
+            ids = e["input_ids"][None]
+            special = special_tokens_mask(ids, torch.ones_like(ids), self.special)
+            gen = torch.Generator().manual_seed(
+                _seed(self.seed, 2, k, j) if self.static else _seed(self.seed, 3, k, j, epoch)
+            )
+            ids, labels = mask_tokens(ids, special, self.vocab_size, self.mask_token_id,
+                                      self.masking, gen, self.continuation)  # fmt: skip
+            examples.append({**e, "input_ids": ids[0]})
+            masked.append(labels[0])
+        batch = PretrainingCorpus.collate(examples, self.corpus.pad_id)
+        labels = torch.full_like(batch["input_ids"], IGNORE_INDEX)
+        for r, lab in enumerate(masked):
+            labels[r, : len(lab)] = lab
+        batch["labels"] = labels
+        # The loss divides by the masked tokens of the whole micro-batch, every rank's rows.
+        (count,) = sum_over_ranks([float((labels != IGNORE_INDEX).sum())])
+        batch["mlm_count"] = torch.tensor([max(count, 1.0)])
+        batch["nsp_count"] = torch.tensor([float(self.micro)])
+        return batch
+
+
+class Phases:
+    """data(step, micro) over the phase schedule: each phase's stream from its first step."""
+
+    def __init__(self, streams: list[tuple[int, CorpusStream]]):
+        self.streams = streams  # (first step, stream), in order
+
+    def __call__(self, step: int, micro: int) -> dict[str, torch.Tensor]:
+        first, stream = next((f, s) for f, s in reversed(self.streams) if step >= f)
+        return stream(step, micro)
+
+
+def evaluation_batches(directory: str | Path, examples: int, batch_size: int,
+                       masking: MaskingConfig, mask_token_id: int, vocab_size: int,
+                       seed: int = 0) -> list[dict[str, torch.Tensor]]:  # fmt: skip
+    """A fixed held-out sample: the first ``examples`` of a prepared corpus, masked once (static
+    masks seeded with ``seed``), in batches. The same for every evaluation and every rank."""
+    stream = CorpusStream(directory, batch_size, masking, mask_token_id=mask_token_id,
+                          vocab_size=vocab_size, seed=seed, static=True, rank=0,
+                          world_size=1)  # fmt: skip
+    starts = np.cumsum([0] + stream.sizes)
+    n = min(examples, int(starts[-1]))
+    batches = []
+    for first in range(0, n, batch_size):
+        rows = []
+        for i in range(first, min(n, first + batch_size)):
+            k = int(np.searchsorted(starts, i, side="right")) - 1
+            rows.append((k, i - int(starts[k]), 0))
+        batch = stream.batch(rows)
+        batch["nsp_count"] = torch.tensor([float(len(rows))])
+        batches.append(batch)
+    return batches

@@ -1,0 +1,221 @@
+"""Pre-training: masked LM + next sentence prediction on a prepared corpus (reference 003, 004).
+
+    bertlab prepare wiki.train.tokens -o data/128 --max-seq-length 128
+    bertlab prepare wiki.train.tokens -o data/512 --max-seq-length 512
+    bertlab pretrain --data data/128 --long-data data/512 --model mini --steps 10000 -o runs/mini
+
+The pieces: ``bertlab.data.stream`` decides which examples each step trains on and masks them
+(the same global batch for any number of processes; dynamic or static masks);
+``bertlab.tasks.pretraining`` is the objective (MLM + NSP loss and metrics, each rank's share
+of the global mean); ``bertlab.train`` is the loop every task shares. This module checks every
+setting before any training starts (vocabulary and sequence lengths against the model, batch
+divisibility, the run folder), builds the phase schedule (most steps at the short length, the
+last ``long_fraction`` at the long one, as BERT was trained: reference 001), evaluates on a
+fixed masked sample of a held-out corpus (MLM loss and accuracy, NSP loss and accuracy), and
+saves the final model in the Hugging Face layout with its vocabulary.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .checkpoint import resolve_model_dir
+from .config import PRESETS, BertConfig
+from .data.masking import MaskingConfig
+from .data.stream import CorpusStream, Phases, evaluation_batches
+from .heads import BertForMaskedLM, BertForPreTraining
+from .tasks.pretraining import PretrainingObjective, evaluate
+from .train import CHECKPOINT, TrainConfig, train, world
+
+logger = logging.getLogger("bertlab")
+RUN_FILE = "run.json"  # the settings of a run folder; --resume must match them
+
+
+# ============================================================================ the command
+@dataclass(frozen=True)
+class PretrainConfig:
+    """What ``bertlab pretrain`` takes; ``train`` holds the optimisation settings."""
+
+    data: str  # a prepared corpus (the short phase)
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(out_dir="", steps=1))
+    model: str = "mini"  # a preset, a config.json, or a model folder (continue its training)
+    batch_size: int = 32  # global, per optimizer step
+    long_data: str | None = None  # the long phase's corpus (e.g. 512 tokens)
+    long_fraction: float = 0.1  # share of the steps on long_data
+    long_batch_size: int | None = None  # default: batch_size
+    eval_data: str | None = None
+    eval_examples: int = 512
+    eval_every: int = 0  # 0: ten times over the run
+    masking: str = "dynamic"  # or "static"
+    mask_rate: float = 0.15
+    max_predictions: int | None = None  # per sequence; default ceil(rate * length)
+    whole_word: bool = False
+    dropout: float | None = None  # override the model's hidden and attention dropout
+
+    def __post_init__(self) -> None:
+        if self.masking not in ("dynamic", "static"):
+            raise ValueError(f"masking {self.masking!r} is not 'dynamic' or 'static'")
+        if not 0.0 <= self.long_fraction < 1.0:
+            raise ValueError(f"long_fraction must be in [0, 1), got {self.long_fraction}")
+        for name in ("batch_size", "eval_examples"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.long_batch_size is not None and self.long_batch_size < 1:
+            raise ValueError(f"long_batch_size must be >= 1, got {self.long_batch_size}")
+
+
+def build_model(source: str, vocab_size: int, dropout: float | None) -> BertForPreTraining:
+    """A preset name, a config.json (fresh weights) or a model folder (its weights)."""
+    over = {"vocab_size": vocab_size}
+    if dropout is not None:
+        over |= {"hidden_dropout_prob": dropout, "attention_probs_dropout_prob": dropout}
+    if source.lower().removeprefix("bert-").removesuffix("-uncased") in PRESETS:
+        return BertForPreTraining(BertConfig.preset(source, **over))
+    path = Path(source)
+    if path.suffix == ".json" and path.is_file():
+        config = BertConfig.from_json_file(path)
+        if config.vocab_size != vocab_size:
+            raise ValueError(f"the vocabulary has {vocab_size} tokens but {path} sets vocab_size "
+                             f"{config.vocab_size}: they must match")  # fmt: skip
+        return BertForPreTraining(config.replace(**over))
+    path = resolve_model_dir(source)
+    config = BertConfig.from_pretrained(path)
+    if config.vocab_size != vocab_size:
+        raise ValueError(f"the vocabulary has {vocab_size} tokens but the model in {path} has "
+                         f"vocab_size {config.vocab_size}: they must match")  # fmt: skip
+    drop = {k: v for k, v in over.items() if k != "vocab_size"}
+    return BertForPreTraining.from_pretrained(path, **drop)
+
+
+def _check_run_folder(out: Path, settings: dict, resume: bool, overwrite: bool) -> None:
+    held = [p.name for p in (out / RUN_FILE, out / CHECKPOINT, out / "metrics.jsonl",
+                             out / "model") if p.exists()]  # fmt: skip
+    if resume:
+        if not (out / CHECKPOINT).exists() and not (out / (CHECKPOINT + ".prev")).exists():
+            raise FileNotFoundError(f"--resume: {out} holds no checkpoint to resume from")
+        if (out / RUN_FILE).is_file():
+            before = json.loads((out / RUN_FILE).read_text("utf-8"))
+            changed = sorted(k for k in set(before) | set(settings)
+                             if before.get(k) != settings.get(k))  # fmt: skip
+            if changed:
+                raise ValueError(
+                    f"--resume: these settings differ from the run in {out}: "
+                    + ", ".join(f"{k} {before.get(k)!r} -> {settings.get(k)!r}" for k in changed)
+                )
+    elif held and not overwrite:
+        raise FileExistsError(f"{out} already holds a run ({', '.join(held)}): pass --resume "
+                              "to continue it or --overwrite to replace it")  # fmt: skip
+
+
+def pretrain(config: PretrainConfig, resume: bool = False, overwrite: bool = False) -> dict:
+    """Pre-train; returns the last metrics. Every setting is checked before training starts."""
+    tc = config.train
+    rank, world_size = world()
+    out = Path(tc.out_dir)
+    streams_meta = [("data", config.data)] + ([("long_data", config.long_data)]
+                                              if config.long_data else [])  # fmt: skip
+    metas = {}
+    for name, directory in streams_meta + ([("eval_data", config.eval_data)]
+                                           if config.eval_data else []):  # fmt: skip
+        path = Path(directory) / "meta.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"{name} {directory}: no meta.json, not a prepared corpus "
+                                    "(run `bertlab prepare` first)")  # fmt: skip
+        metas[name] = json.loads(path.read_text("utf-8"))
+    vocab_size = int(metas["data"]["vocab_size"])
+    for name, meta in metas.items():
+        if int(meta["vocab_size"]) != vocab_size or meta["vocab_dir"] != metas["data"][
+            "vocab_dir"]:  # fmt: skip
+            raise ValueError(f"{name} was prepared with another vocabulary ({meta['vocab_dir']}, "
+                             f"{meta['vocab_size']} tokens) than data "
+                             f"({metas['data']['vocab_dir']}, {vocab_size})")  # fmt: skip
+    nsp = all(m["nsp"] for m in metas.values())
+    if any(m["nsp"] for m in metas.values()) and not nsp:
+        raise ValueError("some corpora were prepared with --no-nsp and some without: all or none")
+
+    torch.manual_seed(tc.seed)  # the initial weights follow the seed too
+    model = build_model(config.model, vocab_size, config.dropout)
+    mc = model.config
+    for name, meta in metas.items():
+        if int(meta["max_seq_length"]) > mc.max_position_embeddings:
+            raise ValueError(f"{name} holds sequences of up to {meta['max_seq_length']} tokens, "
+                             f"above the model's max_position_embeddings "
+                             f"{mc.max_position_embeddings}")  # fmt: skip
+    if not nsp:  # MLM only: no pooler, no NSP head
+        mlm = BertForMaskedLM(mc)
+        mlm.load_state_dict(model.state_dict(), strict=False)
+        model = mlm  # type: ignore[assignment]
+
+    from .tokenizer import BertTokenizer
+
+    tokenizer = BertTokenizer.from_pretrained(metas["data"]["vocab_dir"])
+    continuation = None
+    if config.whole_word:
+        from .data.masking import continuation_table
+
+        continuation = continuation_table(tokenizer.vocab)
+
+    def masking_for(meta: dict) -> MaskingConfig:
+        cap = config.max_predictions or math.ceil(config.mask_rate * int(meta["max_seq_length"]))
+        return MaskingConfig(rate=config.mask_rate, max_predictions=cap,
+                             whole_word=config.whole_word)  # fmt: skip
+
+    long_steps = round(tc.steps * config.long_fraction) if config.long_data else 0
+    phases = [(0, config.data, config.batch_size)]
+    if long_steps:
+        phases.append((tc.steps - long_steps, config.long_data,
+                       config.long_batch_size or config.batch_size))  # fmt: skip
+    streams = []
+    for first, directory, batch_size in phases:
+        meta = json.loads((Path(directory) / "meta.json").read_text("utf-8"))
+        streams.append((first, CorpusStream(
+            directory, batch_size, masking_for(meta), mask_token_id=tokenizer.mask_token_id,
+            vocab_size=vocab_size, grad_accum=tc.grad_accum, first_step=first, seed=tc.seed,
+            static=config.masking == "static", continuation=continuation)))  # fmt: skip
+    settings = {**asdict(config), "train": {k: v for k, v in asdict(tc).items()
+                                            if k not in ("log_every", "save_every")},
+                "world_size": world_size}  # fmt: skip
+    settings["train"]["betas"] = list(settings["train"]["betas"])
+    _check_run_folder(out, settings, resume, overwrite)
+
+    eval_fn, eval_every = None, 0
+    if config.eval_data:
+        meta = metas["eval_data"]
+        batches = evaluation_batches(config.eval_data, config.eval_examples,
+                                     min(64, config.eval_examples), masking_for(meta),
+                                     tokenizer.mask_token_id, vocab_size, seed=tc.seed)  # fmt: skip
+        eval_every = config.eval_every or max(1, tc.steps // 10)
+
+        def eval_fn(objective: nn.Module, step: int) -> dict[str, float]:
+            return evaluate(objective, batches, tc.device)  # type: ignore[arg-type]
+
+    if world_size > 1:  # every rank has checked the folder before rank 0 writes in it
+        torch.distributed.barrier()
+    if rank == 0:  # the folder is ready: from here on, a run lives in it
+        if overwrite and not resume:
+            for name in (RUN_FILE, CHECKPOINT, CHECKPOINT + ".prev", "metrics.jsonl"):
+                (out / name).unlink(missing_ok=True)
+            shutil.rmtree(out / "model", ignore_errors=True)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / RUN_FILE).write_text(json.dumps(settings, indent=2) + "\n", "utf-8")
+    if world_size > 1:
+        torch.distributed.barrier()
+
+    objective = PretrainingObjective(model, world_size)
+    logger.info("pre-training %s: %d steps (%d at %s), batch %d, %d process(es)",
+                config.model, tc.steps, long_steps, config.long_data, config.batch_size,
+                world_size)  # fmt: skip
+    metrics = train(objective, lambda net, batch: net(**batch), Phases(streams), tc,
+                    resume=resume, evaluate=eval_fn, eval_every=eval_every)  # fmt: skip
+    if rank == 0 and metrics.get("step") == tc.steps:
+        model.save_pretrained(out / "model")
+        tokenizer.save_pretrained(out / "model")
+    return metrics
