@@ -8,6 +8,7 @@ bertlab train-vocab FILES -o DIR      a WordPiece vocabulary from raw text
 bertlab prepare FILES -o DIR          raw text -> sentence-pair shards for pre-training
 bertlab pretrain --data DIR -o RUN    masked LM + NSP pre-training (torchrun for many processes)
 bertlab plot RUN                      a run's loss and accuracy curves to PNG
+bertlab finetune {classify,tag,qa}    fine-tune on labelled data, evaluate, keep the best
 bertlab bench [WORKLOAD ...]          speed side by side with transformers
 """
 
@@ -244,6 +245,27 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
             torch.distributed.destroy_process_group()
 
 
+def cmd_finetune(args: argparse.Namespace) -> int:
+    from .finetune import FinetuneConfig, finetune
+
+    names = ("train", "dev", "model", "epochs", "batch_size", "lr", "warmup_ratio",
+             "weight_decay", "max_length", "max_train_examples", "max_seconds", "seed",
+             "precision", "device", "text_column", "pair_column", "label_column", "doc_stride",
+             "max_query_length", "max_answer_length", "dev_articles")  # fmt: skip
+    config = FinetuneConfig(task=args.task, **{n: getattr(args, n) for n in names})
+    r = finetune(config, args.output, overwrite=args.overwrite)
+    where = Path(args.output) / "model"
+    print(f"done in {r['seconds']:.0f}s, {r['steps']} steps; model in {where}")
+    if r["dev"]:
+        print(f"dev (best, step {r['best_step']}): "
+              + ", ".join(f"{k} {v:.4f}" for k, v in r["dev"].items()))  # fmt: skip
+    if "dev_full" in r:
+        from .metrics import format_conlleval
+
+        print(format_conlleval(r["dev_full"]))
+    return 0
+
+
 def cmd_plot(args: argparse.Namespace) -> int:
     from .curves import plot_run
 
@@ -448,6 +470,34 @@ def build_parser() -> argparse.ArgumentParser:
     pt.add_argument("--resume", action="store_true", help="continue the run in --output")
     pt.add_argument("--overwrite", action="store_true", help="replace the run in --output")
     pt.set_defaults(func=cmd_pretrain)
+
+    ft = sub.add_parser("finetune", help="fine-tune on labelled data: classify, tag, qa")
+    ft.add_argument("task", choices=["classify", "tag", "qa"])
+    ft.add_argument("--train", required=True, help="TSV/CSV/JSONL, CoNLL, or SQuAD JSON")
+    ft.add_argument("--dev", help="the evaluation file, same format")
+    ft.add_argument("-o", "--output", required=True, help="the run folder")
+    ft.add_argument("--model", default=BUNDLED_NAMES[0], help="a BERT folder (default: bundled)")
+    ft.add_argument("--epochs", type=float, default=3.0)
+    ft.add_argument("--batch-size", type=int, default=32)
+    ft.add_argument("--lr", type=float, default=5e-5)
+    ft.add_argument("--warmup-ratio", type=float, default=0.1)
+    ft.add_argument("--weight-decay", type=float, default=0.01)
+    ft.add_argument("--max-length", type=int, help="tokens (default 128; qa 384)")
+    ft.add_argument("--max-train-examples", type=int, help="a random subset of the training set")
+    ft.add_argument("--max-seconds", type=float, help="training-time budget")
+    ft.add_argument("--seed", type=int, default=0)
+    ft.add_argument("--precision", choices=["float32", "bfloat16"], default="float32")
+    ft.add_argument("--device", default="cpu")
+    ft.add_argument("--text-column", help="classify: the text column (default: detected)")
+    ft.add_argument("--pair-column", help="classify: the second text column")
+    ft.add_argument("--label-column", help="classify: the label column")
+    ft.add_argument("--doc-stride", type=int, default=128, help="qa: window step in tokens")
+    ft.add_argument("--max-query-length", type=int, default=64)
+    ft.add_argument("--max-answer-length", type=int, default=30)
+    ft.add_argument("--dev-articles", type=int, default=0,
+                    help="qa: hold out the last N articles of --train for evaluation")  # fmt: skip
+    ft.add_argument("--overwrite", action="store_true")
+    ft.set_defaults(func=cmd_finetune)
 
     plot = sub.add_parser("plot", help="a run's loss and accuracy curves to PNG")
     plot.add_argument("run", help="a run folder (holding metrics.jsonl)")

@@ -306,6 +306,7 @@ class BertTokenizer:
         return_attention_mask: bool = True,
         return_length: bool = False,
         return_tensors: str | None = None,
+        is_split_into_words: bool = False,
     ) -> BatchEncoding:
         """Encode one text or a batch (and their pairs), as transformers' tokenizers do.
 
@@ -315,11 +316,24 @@ class BertTokenizer:
         With ``return_overflowing_tokens``, a text too long for ``max_length`` gives several
         windows that overlap by ``stride`` tokens, and ``overflow_to_sample_mapping`` names the
         example each window came from (what SQuAD's document stride needs).
+        ``is_split_into_words``: each text is a list of words (a batch, a list of such lists),
+        each word tokenized on its own; ``word_ids()`` then index those words (for tagging).
         """
-        single = isinstance(text, str)
-        texts = _as_texts(text, "text")
-        pairs = None if text_pair is None else _as_texts(text_pair, "text_pair")
-        if pairs is not None and single != isinstance(text_pair, str):
+        if is_split_into_words:
+            single = bool(text) and all(isinstance(w, str) for w in text)
+            texts = _as_word_lists(text, "text")
+            pairs = None if text_pair is None else _as_word_lists(text_pair, "text_pair")
+            if pairs is not None and single != (bool(text_pair) and all(
+                    isinstance(w, str) for w in text_pair)):  # fmt: skip
+                raise TypeError("text and text_pair must both be word lists or both batches")
+            if return_overflowing_tokens or (pairs is not None and truncation not in (None, False)):
+                raise ValueError("is_split_into_words supports truncation of single texts, "
+                                 "without overflowing windows")  # fmt: skip
+        else:
+            single = isinstance(text, str)
+            texts = _as_texts(text, "text")
+            pairs = None if text_pair is None else _as_texts(text_pair, "text_pair")
+        if pairs is not None and not is_split_into_words and single != isinstance(text_pair, str):
             raise TypeError("text and text_pair must both be a str or both be a list of str")
         if pairs is not None and len(pairs) != len(texts):
             raise ValueError(f"{len(texts)} texts but {len(pairs)} text pairs")
@@ -335,7 +349,7 @@ class BertTokenizer:
         if return_overflowing_tokens and trunc is None:
             trunc = "longest_first"
         limit = self.model_max_length if max_length is None else max_length
-        if trunc is not None:
+        if trunc is not None and not is_split_into_words:
             self._check_window(texts, pairs, trunc, limit, stride, add_special_tokens,
                                return_overflowing_tokens)  # fmt: skip
         if pad == "max_length" and max_length is None:
@@ -343,7 +357,11 @@ class BertTokenizer:
 
         self._configure(trunc and (limit, trunc, stride), pad and (pad, limit), pad_to_multiple_of)
         inputs = texts if pairs is None else list(zip(texts, pairs, strict=True))
-        encodings = self._tok.encode_batch(inputs, add_special_tokens=add_special_tokens)
+        if is_split_into_words and trunc is not None and limit <= self.num_special_tokens_to_add(
+                pairs is not None):  # fmt: skip
+            raise ValueError(f"max_length {limit} leaves no room for text")
+        encodings = self._tok.encode_batch(inputs, is_pretokenized=is_split_into_words,
+                                           add_special_tokens=add_special_tokens)  # fmt: skip
         windows, sample = [], []
         for i, enc in enumerate(encodings):
             parts = [enc, *enc.overflowing] if return_overflowing_tokens else [enc]
@@ -460,6 +478,17 @@ def _as_texts(value: Any, name: str) -> list[str]:
         if not isinstance(t, str):
             raise TypeError(f"{name}[{i}] must be a str, got {type(t).__name__}: {t!r:.60}")
     return list(value)
+
+
+def _as_word_lists(value: Any, name: str) -> list[list[str]]:
+    """One list of words, or a list of such lists (is_split_into_words)."""
+    if isinstance(value, (list, tuple)) and value and all(isinstance(w, str) for w in value):
+        return [list(value)]
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f"{name} must be a list of words or a list of such lists, got "
+                        f"{type(value).__name__}")  # fmt: skip
+    return [_as_texts(list(words), f"{name}[{i}]") if isinstance(words, (list, tuple))
+            else _as_texts(words, f"{name}[{i}]") for i, words in enumerate(value)]  # fmt: skip
 
 
 def _read_tokenizer_json(path: Path, cfg: dict[str, Any]) -> tuple[dict[str, int], dict]:

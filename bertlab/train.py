@@ -69,6 +69,8 @@ class TrainConfig:
     save_every: int = 0  # 0 = only at the end (and on SIGINT/SIGTERM)
     device: str = "cpu"
     compile: bool = False  # torch.compile the model (dynamic shapes)
+    max_seconds: float | None = None  # stop (evaluate, save) once training has run this long
+    checkpoints: bool = True  # False: no checkpoint.pt at all (a run that will not resume)
 
     def __post_init__(self) -> None:
         for name in ("steps", "grad_accum", "log_every"):
@@ -260,6 +262,8 @@ def train(
 
     def snapshot(step: int) -> None:
         nonlocal saved
+        if not config.checkpoints:
+            return
         saved = step
         ranks = [rng_state()]
         if world_size > 1:  # every rank's random state, so that dropout resumes exactly
@@ -302,11 +306,16 @@ def train(
                     sums[k] = sums.get(k, 0.0) + float(v) / config.grad_accum
                 if "attention_mask" in batch:
                     tokens += int(batch["attention_mask"].sum())
-            # Metrics are per-rank shares: their sums are the global values. The token count
-            # and the stop request travel in the same message.
+            # A time budget ends the run after this step, as if it were the last one.
+            late = config.max_seconds is not None and (
+                time.perf_counter() - started - eval_seconds > config.max_seconds)  # fmt: skip
+            # Metrics are per-rank shares: their sums are the global values. The token count,
+            # the stop request and the time budget travel in the same message, so that every
+            # rank stops at the same step.
             keys = sorted(sums)
-            *values, tokens, asked = sum_over_ranks([sums[k] for k in keys] +
-                                                    [tokens, float(stop["signal"])])  # fmt: skip
+            *values, tokens, asked, out_of_time = sum_over_ranks(
+                [sums[k] for k in keys] + [tokens, float(stop["signal"]), float(late)]
+            )
             sums = dict(zip(keys, values, strict=True))
             if not all(math.isfinite(v) for v in sums.values()):
                 good = f"{ckpt_path} (step {saved})" if saved is not None else "none yet"
@@ -321,7 +330,7 @@ def train(
             opt.zero_grad(set_to_none=True)
             done = step + 1
             metrics = {"step": done, "lr": sched.get_last_lr()[0], **sums}
-            if evaluate is not None and eval_every and (done % eval_every == 0
+            if evaluate is not None and eval_every and (done % eval_every == 0 or out_of_time
                                                         or done == config.steps):  # fmt: skip
                 t0 = time.perf_counter()
                 model.eval()
@@ -343,6 +352,14 @@ def train(
                 if main:
                     logger.warning("stopped by a signal: saved step %d in %s", done, out)
                 stop["signal"] = -1  # the caller can tell a stopped run by metrics["step"]
+                break
+            if out_of_time:
+                if main:
+                    logger.warning("time budget of %ss spent at step %d of %d", config.max_seconds,
+                                   done, config.steps)  # fmt: skip
+                metrics["stopped_by_time"] = 1.0
+                snapshot(done)
+                stop["signal"] = -1
                 break
         if not stop["signal"]:
             snapshot(config.steps)

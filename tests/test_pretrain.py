@@ -247,6 +247,27 @@ def test_two_processes_give_the_loss_curve_of_one(corpora, tmp_path):
     assert max((w1[k] - w2[k]).abs().max().item() for k in w1) < 1e-4
 
 
+def test_mlm_only_corpus_trains_a_masked_lm(corpora, tmp_path):
+    transformers = pytest.importorskip("transformers", reason="transformers is a test extra")
+    mlm_only = prepare(WIKITEXT, VOCAB, tmp_path / "mlm", max_seq_length=64, nsp=False,
+                       shard_size=40, progress=False)  # fmt: skip
+    run = tmp_path / "run"
+    pretrain(_config(corpora, run, steps=3, data=str(mlm_only), eval_data=None,
+                     masking="static", whole_word=True, precision="bfloat16"))  # fmt: skip
+    rows = _losses(run)
+    assert all("nsp_loss" not in r and r["mlm_loss"] > 0 for r in rows)
+    config = json.loads((run / "model" / "config.json").read_text())
+    assert config["architectures"] == ["BertForMaskedLM"]
+    ours = bertlab.BertForMaskedLM.from_pretrained(run / "model").eval()
+    theirs = transformers.BertForMaskedLM.from_pretrained(run / "model").eval()
+    ids = torch.tensor([[101, 1996, 4937, 2938, 102]])
+    with torch.no_grad():
+        assert (ours(ids).logits - theirs(ids).logits).abs().max() < 1e-5
+    with pytest.raises(ValueError, match="--no-nsp"):
+        pretrain(_config(corpora, tmp_path / "mixed", data=str(mlm_only),
+                         eval_data=str(corpora["held"])))  # fmt: skip
+
+
 def test_plot_draws_the_curves(corpora, tmp_path):
     pytest.importorskip("matplotlib", reason="plotting is an optional extra (bertlab[plot])")
     run = tmp_path / "run"

@@ -1,0 +1,178 @@
+"""Fine-tuning objectives: classify, tag, answer. One object per task, for bertlab.train.
+
+Each task object turns features (``bertlab.data.classification`` / ``.tagging`` / ``.squad``)
+into padded batches (``collate``), a batch into a loss and metrics (``__call__``: the model's own
+loss, the one transformers computes too), and a model into its dev-set figures (``evaluate``:
+the metric the field reports, from ``bertlab.metrics``). With several processes every rank's
+batch has the same size, so a rank's loss is its share of the mean divided by the world size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from .. import metrics as M
+from ..data.masking import IGNORE_INDEX
+from ..data.squad import SquadData, best_answers
+from ..data.tagging import TaggingData, word_predictions
+from ..train import world
+
+
+def pad(features: Sequence[dict[str, Any]], pad_id: int = 0) -> dict[str, torch.Tensor]:
+    """input_ids, token_type_ids (B, T) padded to the longest, attention_mask (B, T)."""
+    B, T = len(features), max(len(f["input_ids"]) for f in features)
+    batch = {"input_ids": torch.full((B, T), pad_id, dtype=torch.long),
+             "token_type_ids": torch.zeros(B, T, dtype=torch.long),
+             "attention_mask": torch.zeros(B, T, dtype=torch.long)}  # fmt: skip
+    for r, f in enumerate(features):
+        n = len(f["input_ids"])
+        batch["input_ids"][r, :n] = torch.tensor(f["input_ids"])
+        batch["token_type_ids"][r, :n] = torch.tensor(f["token_type_ids"])
+        batch["attention_mask"][r, :n] = 1
+    return batch
+
+
+def _inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: batch[k] for k in ("input_ids", "token_type_ids", "attention_mask")}
+
+
+def _predict(model: nn.Module, task: Any, features: list[dict], batch_size: int, device: str,
+             read: Any) -> list:  # fmt: skip
+    """Run ``model`` over ``features`` in batches (no gradients); ``read(output, batch)`` ->
+    a list of per-feature results."""
+    results: list = []
+    was = model.training
+    model.eval()
+    with torch.no_grad():
+        for i in range(0, len(features), batch_size):
+            batch = {k: v.to(device) for k, v in _inputs(pad(features[i : i + batch_size])).items()}
+            results += read(model(**batch), batch)
+    model.train(was)
+    return results
+
+
+class _Task:
+    def __call__(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple:
+        out = model(**batch)
+        return out.loss, {"loss": out.loss.detach() / world()[1]}
+
+
+class ClassificationTask(_Task):
+    """Single-label classification (cross-entropy) or regression (mean squared error)."""
+
+    def __init__(self, label_names: list[str] | None):
+        self.label_names = label_names
+
+    def collate(self, features: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        batch = pad(features)
+        dtype = torch.float if self.label_names is None else torch.long
+        batch["labels"] = torch.tensor([f["labels"] for f in features], dtype=dtype)
+        return batch
+
+    def predict(self, model: nn.Module, features: list[dict], batch_size: int = 64,
+                device: str = "cpu") -> torch.Tensor:  # fmt: skip
+        """(N, num_labels) logits, or (N,) values for regression."""
+        rows = _predict(model, self, features, batch_size, device,
+                        lambda out, _: list(out.logits.float().cpu()))  # fmt: skip
+        logits = torch.stack(rows)
+        return logits.squeeze(-1) if self.label_names is None else logits
+
+    def evaluate(self, model: nn.Module, features: list[dict], batch_size: int = 64,
+                 device: str = "cpu") -> dict[str, float]:  # fmt: skip
+        gold = [f["labels"] for f in features]
+        out = self.predict(model, features, batch_size, device)
+        if self.label_names is None:
+            values = out.tolist()
+            mse = sum((p - g) ** 2 for p, g in zip(values, gold, strict=True)) / len(gold)
+            return {"pearson": M.pearson(values, gold), "spearman": M.spearman(values, gold),
+                    "mse": mse}  # fmt: skip
+        preds = out.argmax(-1).tolist()
+        result = {"accuracy": M.accuracy(preds, gold), "mcc": M.matthews_corrcoef(preds, gold)}
+        if len(self.label_names) == 2:
+            result["f1"] = M.f1(preds, gold)
+        else:
+            result["macro_f1"] = M.f1(preds, gold, average="macro")
+        return result
+
+
+class TaggingTask(_Task):
+    """One label per word piece (-100 on all but each word's first piece); evaluated on whole
+    entities by the conlleval rules."""
+
+    def __init__(self, label_names: list[str]):
+        self.label_names = label_names
+
+    def collate(self, features: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        batch = pad(features)
+        labels = torch.full(batch["input_ids"].shape, IGNORE_INDEX, dtype=torch.long)
+        for r, f in enumerate(features):
+            labels[r, : len(f["labels"])] = torch.tensor(f["labels"])
+        batch["labels"] = labels
+        return batch
+
+    def predict_tags(self, model: nn.Module, data: TaggingData, features: list[dict],
+                     batch_size: int = 64, device: str = "cpu") -> list[list[str]]:  # fmt: skip
+        """One predicted tag per word of every sentence."""
+
+        def read(out, batch) -> list:
+            ids = out.logits.argmax(-1).cpu()
+            lengths = batch["attention_mask"].sum(1).tolist()
+            return [ids[r, :n].tolist() for r, n in enumerate(lengths)]
+
+        pieces = _predict(model, self, features, batch_size, device, read)
+        names = self.label_names
+        return [word_predictions(f["word_ids"], [names[i] for i in p], len(words))
+                for f, p, words in zip(features, pieces, data.words, strict=True)]  # fmt: skip
+
+    def evaluate_full(self, model: nn.Module, data: TaggingData, features: list[dict],
+                      batch_size: int = 64, device: str = "cpu") -> dict[str, Any]:  # fmt: skip
+        return M.conlleval(data.tags, self.predict_tags(model, data, features, batch_size, device))
+
+    def evaluate(self, model: nn.Module, data: TaggingData, features: list[dict],
+                 batch_size: int = 64, device: str = "cpu") -> dict[str, float]:  # fmt: skip
+        r = self.evaluate_full(model, data, features, batch_size, device)
+        return {k: r[k] for k in ("f1", "precision", "recall", "accuracy")}
+
+
+class QuestionAnsweringTask(_Task):
+    """Start and end of the answer span (cross-entropy on each, averaged); evaluated by SQuAD
+    exact match and F1 over the best span of all an example's windows."""
+
+    def __init__(self, n_best: int = 20, max_answer_length: int = 30,
+                 null_threshold: float | None = None):  # fmt: skip
+        self.n_best, self.max_answer_length = n_best, max_answer_length
+        self.null_threshold = null_threshold
+
+    def collate(self, features: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        batch = pad(features)
+        for key in ("start_positions", "end_positions"):
+            batch[key] = torch.tensor([f[key] for f in features], dtype=torch.long)
+        return batch
+
+    def answers(self, model: nn.Module, data: SquadData, features: list[dict],
+                batch_size: int = 64, device: str = "cpu") -> dict[str, dict]:  # fmt: skip
+        def read(out, _batch) -> list:
+            s, e = out.start_logits.float().cpu(), out.end_logits.float().cpu()
+            return list(zip(s, e, strict=True))
+
+        rows = _predict(model, self, features, batch_size, device, read)
+        T = max(len(f["input_ids"]) for f in features)
+        start = torch.full((len(rows), T), float("-inf"))
+        end = torch.full((len(rows), T), float("-inf"))
+        for w, (s, e) in enumerate(rows):
+            start[w, : len(s)], end[w, : len(e)] = s, e
+        return best_answers(data, features, start, end, n_best=self.n_best,
+                            max_answer_length=self.max_answer_length,
+                            null_threshold=self.null_threshold)  # fmt: skip
+
+    def evaluate(self, model: nn.Module, data: SquadData, features: list[dict],
+                 batch_size: int = 64, device: str = "cpu") -> dict[str, float]:  # fmt: skip
+        answers = self.answers(model, data, features, batch_size, device)
+        preds = {q: a["text"] for q, a in answers.items()}
+        gold = {e.id: e.answers for e in data.examples}
+        r = M.squad(preds, gold)
+        return {k: float(v) for k, v in r.items() if k != "total"}
