@@ -193,7 +193,9 @@ def cmd_prepare(args: argparse.Namespace) -> int:
                   shard_size=args.shard_size, overwrite=args.overwrite)  # fmt: skip
     meta = json.loads((out / "meta.json").read_text())
     print(f"wrote {out}: {meta['num_examples']:,} examples, {meta['num_tokens']:,} tokens "
-          f"({meta['random_next']:,} with a random next segment)")  # fmt: skip
+          f"({meta['random_next']:,} with a random next segment) in {len(meta['shards'])} "
+          f"shard(s); {meta['documents']:,} documents, {meta['documents_skipped']:,} empty ones "
+          f"skipped, {meta['chunks_dropped']:,} pieces too short for a pair dropped")  # fmt: skip
     return 0
 
 

@@ -370,3 +370,12 @@ def test_pretraining_corpus_round_trip_and_collate(tmp_path):
         corpus, batch_size=8, collate_fn=functools.partial(collate, pad_id=corpus.pad_id)
     )
     assert next(iter(loader))["input_ids"].shape[0] == 8
+
+
+def test_documents_too_short_for_a_pair_are_named(tmp_path):
+    """A corpus whose only document is one token cannot make a sentence pair: the error says
+    so before anything is written."""
+    src = _write(tmp_path / "short.txt", "Hi\n")
+    with pytest.raises(ValueError, match="1 too short to make a sentence pair"):
+        prepare(src, VOCAB, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()

@@ -416,7 +416,8 @@ def prepare(
         raise ValueError(
             f"no examples could be made from {', '.join(map(str, files))}: "
             f"{totals['documents']} documents with text, {totals['documents_skipped']} empty "
-            "ones skipped; is the corpus empty?"
+            f"ones skipped, {totals['chunks_dropped']} too short to make a sentence pair (one "
+            "token, and no other document to pair it with); is the corpus empty?"
         )
     meta = {"format": FORMAT, "version": VERSION, "vocab_size": vocab_size,
             "do_lower_case": tok.do_lower_case, "cls_token_id": tok.cls_token_id,
