@@ -42,6 +42,7 @@ import torch
 
 from ..checkpoint import atomic_write
 from ..tokenizer import BertTokenizer
+from .batch import pad
 
 FORMAT, VERSION = "bertlab-pretraining-corpus", 1
 BLOCK_BYTES = 1 << 20
@@ -490,17 +491,7 @@ class PretrainingCorpus(torch.utils.data.Dataset):
     def collate(examples: Sequence[dict[str, torch.Tensor]], pad_id: int) -> dict:
         """Pad to the longest example: input_ids (B, T) with ``pad_id``, token_type_ids and
         attention_mask (B, T) with 0 at padding, next_sentence_label (B,); all int64."""
-        if not examples:
-            raise ValueError("collate needs at least one example")
-        B, T = len(examples), max(len(e["input_ids"]) for e in examples)
-        batch = {"input_ids": torch.full((B, T), pad_id, dtype=torch.long),
-                 "token_type_ids": torch.zeros(B, T, dtype=torch.long),
-                 "attention_mask": torch.zeros(B, T, dtype=torch.long)}  # fmt: skip
-        for r, e in enumerate(examples):
-            n = len(e["input_ids"])
-            batch["input_ids"][r, :n] = e["input_ids"]
-            batch["token_type_ids"][r, :n] = e["token_type_ids"]
-            batch["attention_mask"][r, :n] = 1
+        batch = pad(examples, pad_id)
         batch["next_sentence_label"] = torch.stack([e["next_sentence_label"] for e in examples])
         return batch
 

@@ -16,24 +16,11 @@ import torch
 from torch import nn
 
 from .. import metrics as M
+from ..data.batch import pad
 from ..data.masking import IGNORE_INDEX
 from ..data.squad import SquadData, best_answers
 from ..data.tagging import TaggingData, word_predictions
 from ..train import world
-
-
-def pad(features: Sequence[dict[str, Any]], pad_id: int = 0) -> dict[str, torch.Tensor]:
-    """input_ids, token_type_ids (B, T) padded to the longest, attention_mask (B, T)."""
-    B, T = len(features), max(len(f["input_ids"]) for f in features)
-    batch = {"input_ids": torch.full((B, T), pad_id, dtype=torch.long),
-             "token_type_ids": torch.zeros(B, T, dtype=torch.long),
-             "attention_mask": torch.zeros(B, T, dtype=torch.long)}  # fmt: skip
-    for r, f in enumerate(features):
-        n = len(f["input_ids"])
-        batch["input_ids"][r, :n] = torch.tensor(f["input_ids"])
-        batch["token_type_ids"][r, :n] = torch.tensor(f["token_type_ids"])
-        batch["attention_mask"][r, :n] = 1
-    return batch
 
 
 def _inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
