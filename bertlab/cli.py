@@ -9,6 +9,7 @@ bertlab prepare FILES -o DIR          raw text -> sentence-pair shards for pre-t
 bertlab pretrain --data DIR -o RUN    masked LM + NSP pre-training (torchrun for many processes)
 bertlab plot RUN                      a run's loss and accuracy curves to PNG
 bertlab finetune {classify,tag,qa}    fine-tune on labelled data, evaluate, keep the best
+bertlab predict TASK [TEXT ...]       fill-mask, embed, classify, tag, answer: args, file or stdin
 bertlab bench [WORKLOAD ...]          speed side by side with transformers
 """
 
@@ -268,6 +269,80 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     return 0
 
 
+def _inputs(args: argparse.Namespace) -> list:
+    """Texts from the arguments, else --file, else standard input; one per line. For answer:
+    a JSON object {"question", "context"} per line, or a question with --context."""
+    if args.text:
+        lines = list(args.text)
+    elif args.file:
+        lines = Path(args.file).read_text("utf-8").splitlines()
+    else:
+        lines = sys.stdin.read().splitlines()
+    lines = [x for x in lines if x.strip()]
+    if not lines:
+        raise ValueError("no input: give texts as arguments, --file FILE, or lines on stdin")
+    if args.task != "answer":
+        return lines
+    items = []
+    for n, line in enumerate(lines, 1):
+        if args.context is not None:
+            items.append({"question": line, "context": args.context})
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            obj = None
+        if not isinstance(obj, dict) or not {"question", "context"} <= set(obj):
+            raise ValueError(f"answer input line {n}: a JSON object with question and context "
+                             "is expected (or pass --context)")  # fmt: skip
+        items.append(obj)
+    return items
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from .pipelines import pipeline
+
+    items = _inputs(args)
+    pipe = pipeline(args.task, args.model, args.device, args.batch_size)
+    k = args.top_k
+    if args.task == "embed":
+        outputs = pipe(items, pooling=args.pooling, normalize=not args.no_normalize).tolist()
+    elif args.task == "classify":
+        outputs = pipe(items, [args.pair] * len(items) if args.pair else None, top_k=k or 1)
+    elif args.task == "tag":
+        outputs = pipe(items)
+    elif args.task == "fill-mask":
+        outputs = pipe(items, top_k=k or 5)
+    else:
+        outputs = [pipe(x["question"], x["context"], top_k=k or 1,
+                        max_answer_length=args.max_answer_length,
+                        allow_no_answer=args.allow_no_answer) for x in items]  # fmt: skip
+    for item, result in zip(items, outputs, strict=True):
+        if args.json:
+            print(json.dumps({"input": item, "output": result}, ensure_ascii=False))
+        elif args.task == "embed":
+            print(f"{item}\t[{', '.join(f'{x:+.4f}' for x in result[:6])}, ...] "
+                  f"({len(result)} dims)")  # fmt: skip
+        elif args.task == "tag":
+            shown = "; ".join(f"{e['entity']} {e['text']!r} [{e['start']}:{e['end']}] "
+                              f"{e['score']:.3f}" for e in result)  # fmt: skip
+            print(f"{item}\t{shown or '(no entities)'}")
+        elif args.task == "answer":
+            best = result[0] if isinstance(result, list) else result
+            print(f"{item['question']}\t{best['answer']!r} [{best['start']}:{best['end']}] "
+                  f"{best['score']:.3f}")  # fmt: skip
+        elif args.task == "fill-mask":
+            masks = result if result and isinstance(result[0], list) else [result]
+            shown = " | ".join(", ".join(f"{c['token']} {c['score']:.3f}" for c in m)
+                               for m in masks)  # fmt: skip
+            print(f"{item}\t{shown}")
+        else:
+            shown = ", ".join(f"{c['label']} {c['score']:.3f}" for c in result) if isinstance(
+                result, list) else f"{result['value']:.4f}"  # fmt: skip
+            print(f"{item}\t{shown}")
+    return 0
+
+
 def cmd_plot(args: argparse.Namespace) -> int:
     from .curves import plot_run
 
@@ -500,6 +575,23 @@ def build_parser() -> argparse.ArgumentParser:
                     help="qa: hold out the last N articles of --train for evaluation")  # fmt: skip
     ft.add_argument("--overwrite", action="store_true")
     ft.set_defaults(func=cmd_finetune)
+
+    pr = sub.add_parser("predict", help="fill-mask, embed, classify, tag or answer")
+    pr.add_argument("task", choices=["fill-mask", "embed", "classify", "tag", "answer"])
+    pr.add_argument("text", nargs="*", help="inputs (default: --file, else standard input)")
+    pr.add_argument("--model", default=BUNDLED_NAMES[0], help="a model folder")
+    pr.add_argument("--file", help="one input per line")
+    pr.add_argument("--json", action="store_true", help="JSON lines out")
+    pr.add_argument("--top-k", type=int, help="candidates per input")
+    pr.add_argument("--pair", help="classify: a second text for every input")
+    pr.add_argument("--context", help="answer: the passage every question is asked about")
+    pr.add_argument("--max-answer-length", type=int, default=30, help="answer: in tokens")
+    pr.add_argument("--allow-no-answer", action="store_true", help="answer: SQuAD 2.0 models")
+    pr.add_argument("--pooling", choices=["mean", "cls"], default="mean", help="embed")
+    pr.add_argument("--no-normalize", action="store_true", help="embed: keep the length")
+    pr.add_argument("--batch-size", type=int, default=32)
+    pr.add_argument("--device", default="cpu")
+    pr.set_defaults(func=cmd_predict)
 
     plot = sub.add_parser("plot", help="a run's loss and accuracy curves to PNG")
     plot.add_argument("run", help="a run folder (holding metrics.jsonl)")
