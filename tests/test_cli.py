@@ -14,12 +14,25 @@ def run(capsys, *argv):
 
 
 def test_demo_runs_the_bundled_checkpoint(capsys):
-    code, out, _ = run(capsys, "demo")
+    code, out, _ = run(capsys, "demo", "--no-finetune")
     assert code == 0
     assert "Total params: 22,713,216" in out  # all-MiniLM-L6-v2's BertModel, counted by torch
     assert "last_hidden_state: (3, " in out and "384)" in out
     sims = [float(x) for x in re.findall(r"cosine similarity to .*: ([-0-9.]+)", out)]
     assert len(sims) == 2 and sims[0] > sims[1] + 0.3  # a paraphrase beats an unrelated sentence
+
+
+def test_demo_journey_fine_tunes_and_classifies(capsys, tmp_path):
+    """The README's main job, on a short budget: a fifth of an epoch on the bundled SST-2
+    sample (32 steps), dev accuracy reported, then the given sentence classified."""
+    code, out, _ = run(capsys, "demo", "--epochs", "0.2", "--output", str(tmp_path / "demo"),
+                       "--sentence", "a dull , lifeless and boring mess")  # fmt: skip
+    assert code == 0
+    accuracy = float(re.search(r"Dev accuracy: ([0-9.]+) on 1,000 held-out", out).group(1))
+    assert accuracy > 0.6  # from the sentence-embedding checkpoint, 1,024 training sentences
+    label = re.search(r"'a dull , lifeless and boring mess' -> (\w+) \(([0-9.]+)\)", out)
+    assert label and label.group(1) in ("negative", "positive") and float(label.group(2)) >= 0.5
+    assert (tmp_path / "demo" / "model" / "config.json").exists()
 
 
 def test_summary_reproduces_reference_004(capsys):
