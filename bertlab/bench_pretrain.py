@@ -12,8 +12,6 @@ on both; the wall time of each side counts its training steps only.
 
 from __future__ import annotations
 
-import json
-import math
 import tempfile
 import time
 from pathlib import Path
@@ -23,8 +21,9 @@ import torch
 import torch.nn.functional as F
 
 from .config import BertConfig
+from .data.corpus import read_meta
 from .data.masking import IGNORE_INDEX, MaskingConfig
-from .data.stream import CorpusStream, Phases, evaluation_batches
+from .data.stream import Phases, evaluation_batches
 from .heads import BertForPreTraining
 from .tasks.pretraining import PretrainingObjective, evaluate
 from .tokenizer import BertTokenizer
@@ -79,7 +78,7 @@ def bench_pretrain(
     from transformers import BertForPreTraining as HFBertForPreTraining
     from transformers import BertTokenizerFast, DataCollatorForLanguageModeling
 
-    meta = json.loads((Path(data) / "meta.json").read_text("utf-8"))
+    meta = read_meta(data)
     vocab_dir = meta["vocab_dir"]
     tokenizer = BertTokenizer.from_pretrained(vocab_dir)
     vocab_size = int(meta["vocab_size"])
@@ -96,35 +95,22 @@ def bench_pretrain(
     collator = DataCollatorForLanguageModeling(hf_tok, mlm=True, mlm_probability=0.15,
                                                return_tensors="pt")  # fmt: skip
 
-    long_steps = round(steps * long_fraction) if long_data else 0
-    streams = []
-    phases = [(0, data, batch_size)]
-    if long_steps:
-        phases.append((steps - long_steps, long_data, long_batch_size or batch_size))
-    for first, directory, size in phases:
-        m = json.loads((Path(directory) / "meta.json").read_text("utf-8"))
-        cap = math.ceil(0.15 * int(m["max_seq_length"]))
-        streams.append((first, CorpusStream(
-            directory, size, MaskingConfig(max_predictions=cap),
-            mask_token_id=tokenizer.mask_token_id, vocab_size=vocab_size, first_step=first,
-            seed=seed, rank=0, world_size=1)))  # fmt: skip
-    ours_data = Phases(streams)
+    ours_data = Phases.build(steps, data, batch_size, long_data, long_fraction, long_batch_size,
+                             MaskingConfig.for_length, mask_token_id=tokenizer.mask_token_id,
+                             vocab_size=vocab_size, seed=seed, rank=0, world_size=1)  # fmt: skip
 
     def hf_batch(step: int) -> dict[str, torch.Tensor]:
-        first, stream = next((f, s) for f, s in reversed(streams) if step >= f)
-        rows = stream.rows(step, 0)
-        starts = stream._starts
-        examples = [stream.corpus[int(starts[stream.own.index(k)]) + j] for k, j, _ in rows]
+        """The same rows as bertlab's step, unmasked, through transformers' collator."""
+        stream = ours_data.stream(step)
         features = [{"input_ids": e["input_ids"].tolist(),
                      "token_type_ids": e["token_type_ids"].tolist(),
                      "next_sentence_label": int(e["next_sentence_label"])}
-                    for e in examples]  # fmt: skip
+                    for e in stream.examples(stream.rows(step, 0))]  # fmt: skip
         return collator(features)
 
-    eval_cap = math.ceil(0.15 * int(json.loads(
-        (Path(eval_data) / "meta.json").read_text("utf-8"))["max_seq_length"]))  # fmt: skip
-    batches = evaluation_batches(eval_data, eval_examples, 64, MaskingConfig(
-        max_predictions=eval_cap), tokenizer.mask_token_id, vocab_size, seed=seed)  # fmt: skip
+    masking = MaskingConfig.for_length(int(read_meta(eval_data)["max_seq_length"]))
+    batches = evaluation_batches(eval_data, eval_examples, 64, masking, tokenizer.mask_token_id,
+                                 vocab_size, seed=seed)  # fmt: skip
 
     sides = {"bertlab": ours, "transformers": hf}
     opts = {name: _optimizer(model, lr, warmup, steps) for name, model in sides.items()}
@@ -210,6 +196,8 @@ def plot_pretrain(report: dict[str, Any], path: str | Path) -> None:
     """Held-out MLM and NSP accuracy and the training loss, both sides, to PNG."""
     import matplotlib
 
+    from .curves import smooth
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -217,10 +205,8 @@ def plot_pretrain(report: dict[str, Any], path: str | Path) -> None:
     colours = {"bertlab": "#2a7", "transformers": "#c44"}
     for name, colour in colours.items():
         loss = report["train_loss"][name]
-        w = max(1, len(loss) // 50)
-        smooth = [sum(loss[max(0, i - w + 1) : i + 1]) / len(loss[max(0, i - w + 1) : i + 1])
-                  for i in range(len(loss))]  # fmt: skip
-        axes[0].plot(range(1, len(loss) + 1), smooth, color=colour, label=name, linewidth=1)
+        axes[0].plot(range(1, len(loss) + 1), smooth(loss, max(1, len(loss) // 50)),
+                     color=colour, label=name, linewidth=1)  # fmt: skip
         ev = report["eval"][name]
         steps = [e["step"] for e in ev]
         axes[1].plot(steps, [e["mlm_acc"] for e in ev], "o-", color=colour, label=name)

@@ -32,7 +32,8 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
     return rows
 
 
-def _smooth(values: list[float], window: int) -> list[float]:
+def smooth(values: list[float], window: int) -> list[float]:
+    """The running mean over the last ``window`` values (fewer at the start)."""
     out, acc = [], 0.0
     for i, v in enumerate(values):
         acc += v
@@ -62,7 +63,7 @@ def plot_run(run_dir: str | os.PathLike, output: str | os.PathLike | None = None
             if key.startswith("eval_"):
                 ax.plot(steps, values, "o-", markersize=3, label=key)
             else:
-                ax.plot(steps, _smooth(list(values), window), linewidth=1, label=key)
+                ax.plot(steps, smooth(list(values), window), linewidth=1, label=key)
         ax.set_xlabel("step")
         ax.set_title("loss" if wanted else "scores")
         ax.grid(alpha=0.3)

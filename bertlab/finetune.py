@@ -254,9 +254,8 @@ def finetune(config: FinetuneConfig, out_dir: str | Path, overwrite: bool = Fals
         "dev": best.get("metrics"),
     }  # fmt: skip
     if config.task == "tag" and dev is not None:  # the per-type table, from the best model
-        from .heads import BertForTokenClassification as Tagger
-
-        results["dev_full"] = task.evaluate_full(Tagger.from_pretrained(final), dev, dev_f,
+        best_model = BertForTokenClassification.from_pretrained(final)
+        results["dev_full"] = task.evaluate_full(best_model, dev, dev_f,
                                                  config.eval_batch_size, config.device)  # fmt: skip
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n", "utf-8")
     try:

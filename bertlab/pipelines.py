@@ -223,7 +223,8 @@ class AnswerPipeline(Pipeline):
         answers = [{"answer": s["text"], "start": s["start"], "end": s["end"],
                     "score": math.exp(s["score"] - norm[s["window"]])} for s in spans]  # fmt: skip
         if allow_no_answer and found["text"] == "" and found["null_score"] is not None:
-            w0 = min(range(len(norm)), key=lambda w: float(S[w, 0] + E[w, 0]) - norm[w])
+            # best_answers' null score is the lowest [CLS] score over the windows: that window's
+            w0 = min(range(len(norm)), key=lambda w: float(S[w, 0] + E[w, 0]))
             null = {"answer": "", "start": 0, "end": 0,
                     "score": math.exp(found["null_score"] - norm[w0])}  # fmt: skip
             answers = [null, *answers][:top_k]

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -29,8 +28,9 @@ from torch import nn
 
 from .checkpoint import resolve_model_dir
 from .config import PRESETS, BertConfig
+from .data.corpus import read_meta
 from .data.masking import MaskingConfig
-from .data.stream import CorpusStream, Phases, evaluation_batches
+from .data.stream import Phases, evaluation_batches
 from .heads import BertForMaskedLM, BertForPreTraining
 from .tasks.pretraining import PretrainingObjective, evaluate
 from .train import CHECKPOINT, TrainConfig, train, world
@@ -122,14 +122,8 @@ def pretrain(config: PretrainConfig, resume: bool = False, overwrite: bool = Fal
     out = Path(tc.out_dir)
     streams_meta = [("data", config.data)] + ([("long_data", config.long_data)]
                                               if config.long_data else [])  # fmt: skip
-    metas = {}
-    for name, directory in streams_meta + ([("eval_data", config.eval_data)]
-                                           if config.eval_data else []):  # fmt: skip
-        path = Path(directory) / "meta.json"
-        if not path.is_file():
-            raise FileNotFoundError(f"{name} {directory}: no meta.json, not a prepared corpus "
-                                    "(run `bertlab prepare` first)")  # fmt: skip
-        metas[name] = json.loads(path.read_text("utf-8"))
+    metas = {name: read_meta(directory) for name, directory in streams_meta + (
+        [("eval_data", config.eval_data)] if config.eval_data else [])}  # fmt: skip
     vocab_size = int(metas["data"]["vocab_size"])
     for name, meta in metas.items():
         if int(meta["vocab_size"]) != vocab_size or meta["vocab_dir"] != metas["data"][
@@ -163,23 +157,15 @@ def pretrain(config: PretrainConfig, resume: bool = False, overwrite: bool = Fal
 
         continuation = continuation_table(tokenizer.vocab)
 
-    def masking_for(meta: dict) -> MaskingConfig:
-        cap = config.max_predictions or math.ceil(config.mask_rate * int(meta["max_seq_length"]))
-        return MaskingConfig(rate=config.mask_rate, max_predictions=cap,
-                             whole_word=config.whole_word)  # fmt: skip
+    def masking(seq_len: int) -> MaskingConfig:
+        return MaskingConfig.for_length(seq_len, config.mask_rate, config.max_predictions,
+                                        config.whole_word)  # fmt: skip
 
-    long_steps = round(tc.steps * config.long_fraction) if config.long_data else 0
-    phases = [(0, config.data, config.batch_size)]
-    if long_steps:
-        phases.append((tc.steps - long_steps, config.long_data,
-                       config.long_batch_size or config.batch_size))  # fmt: skip
-    streams = []
-    for first, directory, batch_size in phases:
-        meta = json.loads((Path(directory) / "meta.json").read_text("utf-8"))
-        streams.append((first, CorpusStream(
-            directory, batch_size, masking_for(meta), mask_token_id=tokenizer.mask_token_id,
-            vocab_size=vocab_size, grad_accum=tc.grad_accum, first_step=first, seed=tc.seed,
-            static=config.masking == "static", continuation=continuation)))  # fmt: skip
+    data = Phases.build(tc.steps, config.data, config.batch_size, config.long_data,
+                        config.long_fraction, config.long_batch_size, masking,
+                        mask_token_id=tokenizer.mask_token_id, vocab_size=vocab_size,
+                        grad_accum=tc.grad_accum, seed=tc.seed,
+                        static=config.masking == "static", continuation=continuation)  # fmt: skip
     settings = {**asdict(config), "train": {k: v for k, v in asdict(tc).items()
                                             if k not in ("log_every", "save_every")},
                 "world_size": world_size}  # fmt: skip
@@ -188,9 +174,9 @@ def pretrain(config: PretrainConfig, resume: bool = False, overwrite: bool = Fal
 
     eval_fn, eval_every = None, 0
     if config.eval_data:
-        meta = metas["eval_data"]
+        seq_len = int(metas["eval_data"]["max_seq_length"])
         batches = evaluation_batches(config.eval_data, config.eval_examples,
-                                     min(64, config.eval_examples), masking_for(meta),
+                                     min(64, config.eval_examples), masking(seq_len),
                                      tokenizer.mask_token_id, vocab_size, seed=tc.seed)  # fmt: skip
         eval_every = config.eval_every or max(1, tc.steps // 10)
 
@@ -210,10 +196,10 @@ def pretrain(config: PretrainConfig, resume: bool = False, overwrite: bool = Fal
         torch.distributed.barrier()
 
     objective = PretrainingObjective(model, world_size)
-    logger.info("pre-training %s: %d steps (%d at %s), batch %d, %d process(es)",
-                config.model, tc.steps, long_steps, config.long_data, config.batch_size,
+    logger.info("pre-training %s: %d steps in %d phase(s), batch %d, %d process(es)",
+                config.model, tc.steps, len(data.streams), config.batch_size,
                 world_size)  # fmt: skip
-    metrics = train(objective, lambda net, batch: net(**batch), Phases(streams), tc,
+    metrics = train(objective, lambda net, batch: net(**batch), data, tc,
                     resume=resume, evaluate=eval_fn, eval_every=eval_every)  # fmt: skip
     if rank == 0 and metrics.get("step") == tc.steps:
         model.save_pretrained(out / "model")

@@ -431,6 +431,20 @@ def prepare(
 
 
 # ============================================================================ reading back
+def read_meta(directory: str | os.PathLike) -> dict:
+    """A prepared corpus's meta.json (settings and shard list), checked for its format."""
+    path = Path(directory) / "meta.json"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"no meta.json in {directory}: not a prepared corpus (run `bertlab prepare`), or "
+            "its preparation did not finish"
+        )
+    meta = json.loads(path.read_text("utf-8"))
+    if (meta.get("format"), meta.get("version")) != (FORMAT, VERSION):
+        raise ValueError(f"{directory} does not hold a {FORMAT} of version {VERSION}")
+    return meta
+
+
 class PretrainingCorpus(torch.utils.data.Dataset):
     """A prepared corpus, memory-mapped (``np.load(mmap_mode="r")``). ``shards`` (indices into
     meta.json's list) opens only those: ``shards=range(rank, n_shards, world_size)`` gives one
@@ -438,12 +452,7 @@ class PretrainingCorpus(torch.utils.data.Dataset):
 
     def __init__(self, directory: str | os.PathLike, shards: Iterable[int] | None = None):
         self.directory = d = Path(directory)
-        if not (d / "meta.json").is_file():
-            raise FileNotFoundError(f"no meta.json in {d}: not a prepared corpus, or its "
-                                    "preparation did not finish")  # fmt: skip
-        self.meta = json.loads((d / "meta.json").read_text("utf-8"))
-        if (self.meta.get("format"), self.meta.get("version")) != (FORMAT, VERSION):
-            raise ValueError(f"{d} does not hold a {FORMAT} of version {VERSION}")
+        self.meta = read_meta(d)
         entries = self.meta["shards"]
         chosen = list(range(len(entries)) if shards is None else shards)
         for k in chosen:

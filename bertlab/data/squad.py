@@ -108,15 +108,6 @@ def read_squad(path: str | os.PathLike, titles: set[str] | None = None) -> Squad
     return SquadData(examples, "2.0" if v2 else "1.1", str(path), mismatched)
 
 
-def _cut_question(tokenizer: BertTokenizer, question: str, max_query_length: int) -> str:
-    """The question's text up to its ``max_query_length``-th token."""
-    enc = tokenizer(question, add_special_tokens=False, return_offsets_mapping=True)
-    offsets = enc["offset_mapping"]
-    if len(offsets) <= max_query_length:
-        return question
-    return question[: offsets[max_query_length - 1][1]]
-
-
 def encode_squad(tokenizer: BertTokenizer, data: SquadData, *, max_length: int = 384,
                  doc_stride: int = 128, max_query_length: int = 64, training: bool = True
                  ) -> list[dict[str, Any]]:  # fmt: skip
@@ -126,22 +117,32 @@ def encode_squad(tokenizer: BertTokenizer, data: SquadData, *, max_length: int =
     the caller through ``data.mismatched``); unanswerable ones point at [CLS]."""
     if max_query_length < 1:
         raise ValueError(f"max_query_length must be >= 1, got {max_query_length}")
-    for e in data.examples:
-        if not tokenizer.tokenize(e.context):
-            raise ValueError(f"question {e.id}: its context has no tokens ({e.context[:60]!r})")
+    passages = list(dict.fromkeys(e.context for e in data.examples))  # each passage once
+    sizes = tokenizer(passages, add_special_tokens=False, return_length=True,
+                      return_attention_mask=False, return_token_type_ids=False)  # fmt: skip
+    sizes = sizes["length"]
+    for passage, size in zip(passages, sizes, strict=True):
+        if size == 0:
+            qid = next(e.id for e in data.examples if e.context == passage)
+            raise ValueError(f"question {qid}: its context has no tokens ({passage[:60]!r})")
     kept = [i for i, e in enumerate(data.examples)
             if not training or not e.answers or e.answer_start is not None]  # fmt: skip
-    questions = [_cut_question(tokenizer, data.examples[i].question, max_query_length)
-                 for i in kept]  # fmt: skip
+    # Questions cut to their first max_query_length tokens, by character offsets.
+    asked = tokenizer([data.examples[i].question for i in kept], add_special_tokens=False,
+                      return_offsets_mapping=True, return_attention_mask=False,
+                      return_token_type_ids=False)["offset_mapping"]  # fmt: skip
     room = max_length - tokenizer.num_special_tokens_to_add(True)
-    for i, q in zip(kept, questions, strict=True):
-        n = len(tokenizer.tokenize(q))
+    questions = []
+    for i, offsets in zip(kept, asked, strict=True):
+        n = min(len(offsets), max_query_length)
         if room - n <= doc_stride:
             raise ValueError(
                 f"question {data.examples[i].id}: {n} question tokens leave a context window of "
                 f"{room - n} tokens in max_length {max_length}, not more than doc_stride "
                 f"{doc_stride}; lower max_query_length or doc_stride, or raise max_length"
             )
+        question = data.examples[i].question
+        questions.append(question if n == len(offsets) else question[: offsets[n - 1][1]])
     contexts = [data.examples[i].context for i in kept]
     enc = tokenizer(questions, contexts, truncation="only_second", max_length=max_length,
                     stride=doc_stride, return_overflowing_tokens=True,

@@ -15,14 +15,15 @@ nor the global random state, and a resumed run sees the very batches it would ha
 
 from __future__ import annotations
 
-import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from ..train import sum_over_ranks, world
-from .corpus import PretrainingCorpus
+from .corpus import PretrainingCorpus, read_meta
 from .masking import IGNORE_INDEX, MaskingConfig, mask_tokens, special_tokens_mask
 
 
@@ -47,15 +48,10 @@ class CorpusStream:
                  seed: int = 0, static: bool = False, continuation: torch.Tensor | None = None,
                  rank: int | None = None, world_size: int | None = None):  # fmt: skip
         r, w = world()
-        self.rank, self.world_size = (r if rank is None else rank), (w if world_size is None
-                                                                     else world_size)  # fmt: skip
-        meta = json.loads((Path(directory) / "meta.json").read_text("utf-8")) if (
-            Path(directory) / "meta.json").is_file() else None  # fmt: skip
-        if meta is None:
-            raise FileNotFoundError(f"no meta.json in {directory}: not a prepared corpus "
-                                    "(run `bertlab prepare` first)")  # fmt: skip
+        self.rank = r if rank is None else rank
+        self.world_size = W = w if world_size is None else world_size
+        self.meta = meta = read_meta(directory)
         self.n_shards = n = len(meta["shards"])
-        W = self.world_size
         if batch_size % (grad_accum * W):
             raise ValueError(
                 f"batch size {batch_size} cannot be split into {grad_accum} micro-batch(es) "
@@ -66,21 +62,16 @@ class CorpusStream:
                 f"{directory} has {n} shard(s), which {W} processes cannot share evenly: "
                 f"prepare it again with a --shard-size that gives a multiple of {W} shards"
             )
-        self.meta, self.directory = meta, Path(directory)
         self.micro = batch_size // grad_accum  # global rows per micro-batch
         self.grad_accum, self.first_step, self.seed = grad_accum, first_step, seed
         self.masking, self.static, self.continuation = masking, static, continuation
         self.mask_token_id, self.vocab_size = mask_token_id, vocab_size
-        self.sizes = [int(s["examples"]) for s in meta["shards"]]
-        self.own = list(range(self.rank, n, W))
+        self.sizes = [int(entry["examples"]) for entry in meta["shards"]]
+        self.own = list(range(self.rank, n, W))  # shard k is the (k // W)-th one opened here
         self.corpus = PretrainingCorpus(directory, shards=self.own)
         self._starts = np.cumsum([0] + [self.sizes[k] for k in self.own])
         self.special = [meta["cls_token_id"], meta["sep_token_id"]]
         self._perms: dict[tuple[int, int], np.ndarray] = {}
-
-    @property
-    def max_seq_length(self) -> int:
-        return int(self.meta["max_seq_length"])
 
     def _example(self, k: int, p: int) -> tuple[int, int]:
         """Shard k's p-th stream position -> (example index in shard k, pass number)."""
@@ -106,11 +97,14 @@ class CorpusStream:
     def __call__(self, step: int, micro: int) -> dict[str, torch.Tensor]:
         return self.batch(self.rows(step, micro))
 
+    def examples(self, rows: list[tuple[int, int, int]]) -> list[dict[str, torch.Tensor]]:
+        """The examples of these rows (shard, example in shard, pass), unmasked."""
+        return [self.corpus[int(self._starts[k // self.world_size]) + j] for k, j, _ in rows]
+
     def batch(self, rows: list[tuple[int, int, int]]) -> dict[str, torch.Tensor]:
         """Read, mask and pad these rows (shard, example in shard, pass)."""
         examples, masked = [], []
-        for k, j, epoch in rows:
-            e = self.corpus[int(self._starts[self.own.index(k)]) + j]
+        for (k, j, epoch), e in zip(rows, self.examples(rows), strict=True):
             ids = e["input_ids"][None]
             special = special_tokens_mask(ids, torch.ones_like(ids), self.special)
             gen = torch.Generator().manual_seed(
@@ -126,21 +120,43 @@ class CorpusStream:
             labels[r, : len(lab)] = lab
         batch["labels"] = labels
         # The loss divides by the masked tokens of the whole micro-batch, every rank's rows.
-        (count,) = sum_over_ranks([float((labels != IGNORE_INDEX).sum())])
+        count = float((labels != IGNORE_INDEX).sum())
+        if self.world_size > 1:  # a stream of one process (evaluation) counts its own rows
+            (count,) = sum_over_ranks([count])
         batch["mlm_count"] = torch.tensor([max(count, 1.0)])
         batch["nsp_count"] = torch.tensor([float(self.micro)])
         return batch
 
 
 class Phases:
-    """data(step, micro) over the phase schedule: each phase's stream from its first step."""
+    """data(step, micro) over the phase schedule: each phase's stream from its first step.
+
+    ``Phases.build(steps, data, batch_size, long_data, long_fraction, long_batch_size)``: most
+    steps on ``data``, the last ``long_fraction`` of them on ``long_data`` (reference 001: 90% at
+    128 tokens, then 512); ``masking(max_seq_length)`` gives each corpus's masking, the other
+    keywords go to every ``CorpusStream``.
+    """
 
     def __init__(self, streams: list[tuple[int, CorpusStream]]):
         self.streams = streams  # (first step, stream), in order
 
+    @classmethod
+    def build(cls, steps: int, data: str | Path, batch_size: int, long_data: str | Path | None,
+              long_fraction: float, long_batch_size: int | None,
+              masking: Callable[[int], MaskingConfig], **stream_kw: Any) -> Phases:  # fmt: skip
+        long_steps = round(steps * long_fraction) if long_data else 0
+        phases = [(0, data, batch_size)]
+        if long_steps:
+            phases.append((steps - long_steps, long_data, long_batch_size or batch_size))
+        return cls([(first, CorpusStream(
+            directory, size, masking(int(read_meta(directory)["max_seq_length"])),
+            first_step=first, **stream_kw)) for first, directory, size in phases])  # fmt: skip
+
+    def stream(self, step: int) -> CorpusStream:
+        return next(s for first, s in reversed(self.streams) if step >= first)
+
     def __call__(self, step: int, micro: int) -> dict[str, torch.Tensor]:
-        first, stream = next((f, s) for f, s in reversed(self.streams) if step >= f)
-        return stream(step, micro)
+        return self.stream(step)(step, micro)
 
 
 def evaluation_batches(directory: str | Path, examples: int, batch_size: int,

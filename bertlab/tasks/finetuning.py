@@ -27,7 +27,7 @@ def _inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: batch[k] for k in ("input_ids", "token_type_ids", "attention_mask")}
 
 
-def _predict(model: nn.Module, task: Any, features: list[dict], batch_size: int, device: str,
+def _predict(model: nn.Module, features: list[dict], batch_size: int, device: str,
              read: Any) -> list:  # fmt: skip
     """Run ``model`` over ``features`` in batches (no gradients); ``read(output, batch)`` ->
     a list of per-feature results."""
@@ -63,7 +63,7 @@ class ClassificationTask(_Task):
     def predict(self, model: nn.Module, features: list[dict], batch_size: int = 64,
                 device: str = "cpu") -> torch.Tensor:  # fmt: skip
         """(N, num_labels) logits, or (N,) values for regression."""
-        rows = _predict(model, self, features, batch_size, device,
+        rows = _predict(model, features, batch_size, device,
                         lambda out, _: list(out.logits.float().cpu()))  # fmt: skip
         logits = torch.stack(rows)
         return logits.squeeze(-1) if self.label_names is None else logits
@@ -110,7 +110,7 @@ class TaggingTask(_Task):
             lengths = batch["attention_mask"].sum(1).tolist()
             return [ids[r, :n].tolist() for r, n in enumerate(lengths)]
 
-        pieces = _predict(model, self, features, batch_size, device, read)
+        pieces = _predict(model, features, batch_size, device, read)
         names = self.label_names
         return [word_predictions(f["word_ids"], [names[i] for i in p], len(words))
                 for f, p, words in zip(features, pieces, data.words, strict=True)]  # fmt: skip
@@ -146,7 +146,7 @@ class QuestionAnsweringTask(_Task):
             s, e = out.start_logits.float().cpu(), out.end_logits.float().cpu()
             return list(zip(s, e, strict=True))
 
-        rows = _predict(model, self, features, batch_size, device, read)
+        rows = _predict(model, features, batch_size, device, read)
         T = max(len(f["input_ids"]) for f in features)
         start = torch.full((len(rows), T), float("-inf"))
         end = torch.full((len(rows), T), float("-inf"))

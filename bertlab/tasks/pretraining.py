@@ -59,18 +59,13 @@ def evaluate(objective: PretrainingObjective, batches: list[dict[str, torch.Tens
     all rows); one process, no gradients."""
     sums: dict[str, float] = {}
     weights = {"mlm": 0.0, "nsp": 0.0}
-    scale, objective.world_size = objective.world_size, 1
-    try:
-        with torch.no_grad():
-            for batch in batches:
-                _, m = objective(**{k: v.to(device) for k, v in batch.items()})
-                for key, value in m.items():
-                    if key == "loss":
-                        continue
+    with torch.no_grad():
+        for batch in batches:
+            _, m = objective(**{k: v.to(device) for k, v in batch.items()})  # metrics: means
+            for key, value in m.items():
+                if key != "loss":
                     w = float(batch["mlm_count"] if key.startswith("mlm") else batch["nsp_count"])
                     sums[key] = sums.get(key, 0.0) + float(value) * w
-                weights["mlm"] += float(batch["mlm_count"])
-                weights["nsp"] += float(batch["nsp_count"])
-    finally:
-        objective.world_size = scale
+            weights["mlm"] += float(batch["mlm_count"])
+            weights["nsp"] += float(batch["nsp_count"])
     return {k: v / weights[k[:3]] for k, v in sums.items()}

@@ -1,0 +1,250 @@
+"""``bertlab pretrain``, ``finetune``, ``predict`` and ``plot``: the training and inference
+verbs of the command line (``bertlab.cli`` holds the others, and ``main``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from .checkpoint import BUNDLED_NAMES
+from .config import PRESETS
+
+
+def cmd_pretrain(args: argparse.Namespace) -> int:
+    import os
+
+    from .pretrain import PretrainConfig, pretrain
+    from .train import TrainConfig
+
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1  # launched by torchrun
+    device = args.device
+    if distributed:
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        if device == "cuda":
+            device = f"cuda:{local}"
+            torch.cuda.set_device(local)
+        torch.distributed.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+    try:
+        steps = args.steps
+        tc = TrainConfig(
+            out_dir=args.output, steps=steps, lr=args.lr, weight_decay=args.weight_decay,
+            warmup_steps=steps // 100 if args.warmup_steps is None else args.warmup_steps,
+            optimizer=args.optimizer, max_grad_norm=args.max_grad_norm,
+            grad_accum=args.grad_accum, precision=args.precision, seed=args.seed,
+            log_every=args.log_every, save_every=args.save_every, device=device,
+            compile=args.compile,
+        )  # fmt: skip
+        config = PretrainConfig(
+            data=args.data, train=tc, model=args.model, batch_size=args.batch_size,
+            long_data=args.long_data, long_fraction=args.long_fraction,
+            long_batch_size=args.long_batch_size, eval_data=args.eval_data,
+            eval_examples=args.eval_examples, eval_every=args.eval_every,
+            masking=args.masking, mask_rate=args.mask_rate,
+            max_predictions=args.max_predictions, whole_word=args.whole_word,
+            dropout=args.dropout,
+        )  # fmt: skip
+        metrics = pretrain(config, resume=args.resume, overwrite=args.overwrite)
+        if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
+            return 0
+        shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k != "step")
+        if metrics.get("step") == steps:
+            print(f"done: step {steps}, {shown}; model in {Path(args.output) / 'model'}")
+        else:
+            print(f"stopped at step {metrics.get('step')}: continue with --resume")
+        return 0
+    finally:
+        if distributed and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+def cmd_finetune(args: argparse.Namespace) -> int:
+    from .finetune import FinetuneConfig, finetune
+
+    names = ("train", "dev", "model", "epochs", "batch_size", "lr", "warmup_ratio",
+             "weight_decay", "max_length", "max_train_examples", "max_seconds", "seed",
+             "precision", "device", "text_column", "pair_column", "label_column", "doc_stride",
+             "max_query_length", "max_answer_length", "dev_articles")  # fmt: skip
+    config = FinetuneConfig(task=args.task, **{n: getattr(args, n) for n in names})
+    r = finetune(config, args.output, overwrite=args.overwrite)
+    where = Path(args.output) / "model"
+    print(f"done in {r['seconds']:.0f}s, {r['steps']} steps; model in {where}")
+    if r["dev"]:
+        print(f"dev (best, step {r['best_step']}): "
+              + ", ".join(f"{k} {v:.4f}" for k, v in r["dev"].items()))  # fmt: skip
+    if "dev_full" in r:
+        from .metrics import format_conlleval
+
+        print(format_conlleval(r["dev_full"]))
+    return 0
+
+
+def _inputs(args: argparse.Namespace) -> list:
+    """Texts from the arguments, else --file, else standard input; one per line. For answer:
+    a JSON object {"question", "context"} per line, or a question with --context."""
+    if args.text:
+        lines = list(args.text)
+    elif args.file:
+        lines = Path(args.file).read_text("utf-8").splitlines()
+    else:
+        lines = sys.stdin.read().splitlines()
+    lines = [x for x in lines if x.strip()]
+    if not lines:
+        raise ValueError("no input: give texts as arguments, --file FILE, or lines on stdin")
+    if args.task != "answer":
+        return lines
+    items = []
+    for n, line in enumerate(lines, 1):
+        if args.context is not None:
+            items.append({"question": line, "context": args.context})
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            obj = None
+        if not isinstance(obj, dict) or not {"question", "context"} <= set(obj):
+            raise ValueError(f"answer input line {n}: a JSON object with question and context "
+                             "is expected (or pass --context)")  # fmt: skip
+        items.append(obj)
+    return items
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from .pipelines import pipeline
+
+    items = _inputs(args)
+    pipe = pipeline(args.task, args.model, args.device, args.batch_size)
+    k = args.top_k
+    if args.task == "embed":
+        outputs = pipe(items, pooling=args.pooling, normalize=not args.no_normalize).tolist()
+    elif args.task == "classify":
+        outputs = pipe(items, [args.pair] * len(items) if args.pair else None, top_k=k or 1)
+    elif args.task == "tag":
+        outputs = pipe(items)
+    elif args.task == "fill-mask":
+        outputs = pipe(items, top_k=k or 5)
+    else:
+        outputs = [pipe(x["question"], x["context"], top_k=k or 1,
+                        max_answer_length=args.max_answer_length,
+                        allow_no_answer=args.allow_no_answer) for x in items]  # fmt: skip
+    for item, result in zip(items, outputs, strict=True):
+        if args.json:
+            print(json.dumps({"input": item, "output": result}, ensure_ascii=False))
+        elif args.task == "embed":
+            print(f"{item}\t[{', '.join(f'{x:+.4f}' for x in result[:6])}, ...] "
+                  f"({len(result)} dims)")  # fmt: skip
+        elif args.task == "tag":
+            shown = "; ".join(f"{e['entity']} {e['text']!r} [{e['start']}:{e['end']}] "
+                              f"{e['score']:.3f}" for e in result)  # fmt: skip
+            print(f"{item}\t{shown or '(no entities)'}")
+        elif args.task == "answer":
+            best = result[0] if isinstance(result, list) else result
+            print(f"{item['question']}\t{best['answer']!r} [{best['start']}:{best['end']}] "
+                  f"{best['score']:.3f}")  # fmt: skip
+        elif args.task == "fill-mask":
+            masks = result if result and isinstance(result[0], list) else [result]
+            shown = " | ".join(", ".join(f"{c['token']} {c['score']:.3f}" for c in m)
+                               for m in masks)  # fmt: skip
+            print(f"{item}\t{shown}")
+        else:
+            shown = ", ".join(f"{c['label']} {c['score']:.3f}" for c in result) if isinstance(
+                result, list) else f"{result['value']:.4f}"  # fmt: skip
+            print(f"{item}\t{shown}")
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from .curves import plot_run
+
+    print(f"wrote {plot_run(args.run, args.output)}")
+    return 0
+
+
+def add_task_parsers(sub: argparse._SubParsersAction) -> None:
+    pt = sub.add_parser("pretrain", help="masked LM + next sentence prediction pre-training")
+    pt.add_argument("--data", required=True, help="a prepared corpus (bertlab prepare)")
+    pt.add_argument("-o", "--output", required=True, help="the run folder")
+    pt.add_argument("--model", default="mini",
+                    help=f"a preset ({', '.join(PRESETS)}), a config.json, or a model folder "
+                    "to continue from")  # fmt: skip
+    pt.add_argument("--steps", type=int, default=1000, help="optimizer steps in all")
+    pt.add_argument("--batch-size", type=int, default=32, help="global, per step")
+    pt.add_argument("--long-data", help="the long phase's corpus (e.g. prepared at 512)")
+    pt.add_argument("--long-fraction", type=float, default=0.1, help="share of steps on it")
+    pt.add_argument("--long-batch-size", type=int, help="default: --batch-size")
+    pt.add_argument("--eval-data", help="a held-out prepared corpus")
+    pt.add_argument("--eval-examples", type=int, default=512)
+    pt.add_argument("--eval-every", type=int, default=0, help="default: 10 times a run")
+    pt.add_argument("--masking", choices=["dynamic", "static"], default="dynamic")
+    pt.add_argument("--mask-rate", type=float, default=0.15)
+    pt.add_argument("--max-predictions", type=int, help="per sequence (default 15%% of length)")
+    pt.add_argument("--whole-word", action="store_true", help="mask whole words")
+    pt.add_argument("--lr", type=float, default=1e-4)
+    pt.add_argument("--warmup-steps", type=int, help="default: 1%% of the steps")
+    pt.add_argument("--weight-decay", type=float, default=0.01)
+    pt.add_argument("--optimizer", choices=["adamw", "lamb"], default="adamw")
+    pt.add_argument("--max-grad-norm", type=float, default=1.0)
+    pt.add_argument("--grad-accum", type=int, default=1)
+    pt.add_argument("--precision", choices=["float32", "bfloat16"], default="float32")
+    pt.add_argument("--dropout", type=float, help="override the model's dropout")
+    pt.add_argument("--compile", action="store_true", help="torch.compile the model")
+    pt.add_argument("--device", default="cpu", help="cpu or cuda (one per process)")
+    pt.add_argument("--seed", type=int, default=0)
+    pt.add_argument("--log-every", type=int, default=10)
+    pt.add_argument("--save-every", type=int, default=500)
+    pt.add_argument("--resume", action="store_true", help="continue the run in --output")
+    pt.add_argument("--overwrite", action="store_true", help="replace the run in --output")
+    pt.set_defaults(func=cmd_pretrain)
+
+    ft = sub.add_parser("finetune", help="fine-tune on labelled data: classify, tag, qa")
+    ft.add_argument("task", choices=["classify", "tag", "qa"])
+    ft.add_argument("--train", required=True, help="TSV/CSV/JSONL, CoNLL, or SQuAD JSON")
+    ft.add_argument("--dev", help="the evaluation file, same format")
+    ft.add_argument("-o", "--output", required=True, help="the run folder")
+    ft.add_argument("--model", default=BUNDLED_NAMES[0], help="a BERT folder (default: bundled)")
+    ft.add_argument("--epochs", type=float, default=3.0)
+    ft.add_argument("--batch-size", type=int, default=32)
+    ft.add_argument("--lr", type=float, default=5e-5)
+    ft.add_argument("--warmup-ratio", type=float, default=0.1)
+    ft.add_argument("--weight-decay", type=float, default=0.01)
+    ft.add_argument("--max-length", type=int, help="tokens (default 128; qa 384)")
+    ft.add_argument("--max-train-examples", type=int, help="a random subset of the training set")
+    ft.add_argument("--max-seconds", type=float, help="training-time budget")
+    ft.add_argument("--seed", type=int, default=0)
+    ft.add_argument("--precision", choices=["float32", "bfloat16"], default="float32")
+    ft.add_argument("--device", default="cpu")
+    ft.add_argument("--text-column", help="classify: the text column (default: detected)")
+    ft.add_argument("--pair-column", help="classify: the second text column")
+    ft.add_argument("--label-column", help="classify: the label column")
+    ft.add_argument("--doc-stride", type=int, default=128, help="qa: window step in tokens")
+    ft.add_argument("--max-query-length", type=int, default=64)
+    ft.add_argument("--max-answer-length", type=int, default=30)
+    ft.add_argument("--dev-articles", type=int, default=0,
+                    help="qa: hold out the last N articles of --train for evaluation")  # fmt: skip
+    ft.add_argument("--overwrite", action="store_true")
+    ft.set_defaults(func=cmd_finetune)
+
+    pr = sub.add_parser("predict", help="fill-mask, embed, classify, tag or answer")
+    pr.add_argument("task", choices=["fill-mask", "embed", "classify", "tag", "answer"])
+    pr.add_argument("text", nargs="*", help="inputs (default: --file, else standard input)")
+    pr.add_argument("--model", default=BUNDLED_NAMES[0], help="a model folder")
+    pr.add_argument("--file", help="one input per line")
+    pr.add_argument("--json", action="store_true", help="JSON lines out")
+    pr.add_argument("--top-k", type=int, help="candidates per input")
+    pr.add_argument("--pair", help="classify: a second text for every input")
+    pr.add_argument("--context", help="answer: the passage every question is asked about")
+    pr.add_argument("--max-answer-length", type=int, default=30, help="answer: in tokens")
+    pr.add_argument("--allow-no-answer", action="store_true", help="answer: SQuAD 2.0 models")
+    pr.add_argument("--pooling", choices=["mean", "cls"], default="mean", help="embed")
+    pr.add_argument("--no-normalize", action="store_true", help="embed: keep the length")
+    pr.add_argument("--batch-size", type=int, default=32)
+    pr.add_argument("--device", default="cpu")
+    pr.set_defaults(func=cmd_predict)
+
+    plot = sub.add_parser("plot", help="a run's loss and accuracy curves to PNG")
+    plot.add_argument("run", help="a run folder (holding metrics.jsonl)")
+    plot.add_argument("-o", "--output", help="PNG path (default RUN/curves.png)")
+    plot.set_defaults(func=cmd_plot)
