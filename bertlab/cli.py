@@ -249,6 +249,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     if args.workloads == ["pretrain"]:
         return _bench_pretrain(args)
+    if args.workloads[:1] == ["finetune"]:
+        return _bench_finetune(args)
     report: dict = {"machine": machine(), "results": []}
     workloads = args.workloads or ["tokenizer", "int8", *WORKLOADS]
     unknown = [w for w in workloads if w not in WORKLOADS and w not in ("tokenizer", "int8")]
@@ -315,7 +317,7 @@ def _bench_pretrain(args: argparse.Namespace) -> int:
         raise ValueError("bench pretrain needs --corpus and --eval-corpus (bertlab prepare)")
     r = bench_pretrain(args.corpus, args.eval_corpus, args.long_corpus, preset=args.preset,
                        steps=args.steps, batch_size=args.batch_size,
-                       long_batch_size=args.long_batch_size, lr=args.lr,
+                       long_batch_size=args.long_batch_size, lr=args.lr or 1e-4,
                        warmup=args.warmup_steps,
                        segment=args.segment, eval_every=args.eval_every)  # fmt: skip
     report = {"machine": machine(), "pretrain": r}
@@ -331,6 +333,44 @@ def _bench_pretrain(args: argparse.Namespace) -> int:
         print(f"report: {args.out}")
     if args.plot:
         plot_pretrain(r, args.plot)
+        print(f"chart: {args.plot}")
+    return 0
+
+
+def _bench_finetune(args: argparse.Namespace) -> int:
+    from .bench import machine
+    from .bench_finetune import bench_finetune, format_report, plot_finetune
+    from .finetune import TASKS, FinetuneConfig
+    from .metrics import format_conlleval
+
+    if len(args.workloads) != 2 or args.workloads[1] not in TASKS:
+        raise ValueError(f"bench finetune takes one task, one of {', '.join(TASKS)}; got "
+                         f"{' '.join(args.workloads[1:]) or 'none'}")  # fmt: skip
+    if not args.train:
+        raise ValueError("bench finetune needs --train (and --dev, or --dev-articles for qa)")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model = "default" if args.models == "default,base" else args.models  # one model here
+    if "," in model:
+        raise ValueError(f"bench finetune starts from one model; got --models {args.models}")
+    config = FinetuneConfig(task=args.workloads[1], train=args.train, dev=args.dev,
+                            model=model, epochs=args.epochs, batch_size=args.batch_size,
+                            lr=args.lr or 5e-5, max_length=args.max_length,
+                            max_train_examples=args.max_train_examples, seed=args.seed,
+                            dev_articles=args.dev_articles)  # fmt: skip
+    r = bench_finetune(config, args.seconds)
+    print(format_report(r))
+    if "dev_full" in r["bertlab"]:
+        for side in ("bertlab", "transformers"):
+            print(f"\n{side}, best model, entities on the dev set:")
+            print(format_conlleval(r[side]["dev_full"]))
+    report = {"machine": machine(), "finetune": r}
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+        print(f"report: {args.out}")
+    if args.plot:
+        plot_finetune(r, args.plot)
         print(f"chart: {args.plot}")
     return 0
 
@@ -409,7 +449,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("workloads", nargs="*",
                        help="any of tokenizer, int8, variable, fixed128, fixed512, latency, "
                        "train (default: all); or pretrain alone: a pre-training run on each "
-                       "side")  # fmt: skip
+                       "side; or finetune TASK (classify, tag, qa): a fine-tuning run on each "
+                       "side for the same time budget")  # fmt: skip
     bench.add_argument(
         "--models",
         default="default,base",
@@ -436,10 +477,19 @@ def build_parser() -> argparse.ArgumentParser:
     pre.add_argument("--steps", type=int, default=1000)
     pre.add_argument("--batch-size", type=int, default=32)
     pre.add_argument("--long-batch-size", type=int)
-    pre.add_argument("--lr", type=float, default=1e-4)
+    pre.add_argument("--lr", type=float, help="default 1e-4 (pretrain), 5e-5 (finetune)")
     pre.add_argument("--warmup-steps", type=int, help="default: 1%% of the steps")
     pre.add_argument("--segment", type=int, default=50, help="steps per side, alternating")
     pre.add_argument("--eval-every", type=int, default=100)
+    fine = bench.add_argument_group("bench finetune (also --models, --lr, --batch-size)")
+    fine.add_argument("--train", help="the training file")
+    fine.add_argument("--dev", help="the evaluation file")
+    fine.add_argument("--dev-articles", type=int, default=0, help="qa: hold out N articles")
+    fine.add_argument("--seconds", type=float, default=600, help="training budget per side")
+    fine.add_argument("--epochs", type=float, default=3.0, help="the planned schedule")
+    fine.add_argument("--max-length", type=int, help="tokens (default 128; qa 384)")
+    fine.add_argument("--max-train-examples", type=int)
+    fine.add_argument("--seed", type=int, default=0)
     bench.set_defaults(func=cmd_bench)
     return p
 

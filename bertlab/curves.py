@@ -12,7 +12,7 @@ import json
 import os
 from pathlib import Path
 
-SKIP = {"step", "lr", "tokens_per_s"}
+SKIP = {"step", "lr", "tokens_per_s", "train_seconds"}
 
 
 def read_metrics(run_dir: str | os.PathLike) -> list[dict]:

@@ -174,14 +174,40 @@ def _evaluate(task: Any, model, dev: Any, dev_f: list, config: FinetuneConfig) -
     return task.evaluate(*args, batch_size=config.eval_batch_size, device=config.device)
 
 
-def finetune(config: FinetuneConfig, out_dir: str | Path, overwrite: bool = False,
-             progress: bool = True) -> dict[str, Any]:  # fmt: skip
-    """Fine-tune; returns the results (also written to ``out_dir/results.json``)."""
-    out = Path(out_dir)
-    held = [p.name for p in (out / "metrics.jsonl", out / "model", out / CHECKPOINT) if p.exists()]
-    if held and not overwrite:
-        raise FileExistsError(f"{out} already holds a run ({', '.join(held)}): pass --overwrite "
-                              "to replace it")  # fmt: skip
+@dataclass
+class Prepared:
+    """Everything a fine-tuning run needs before its first step, built from a config alone."""
+
+    tokenizer: BertTokenizer
+    train_data: Any
+    dev: Any
+    train_f: list
+    dev_f: list
+    report: dict
+    model: torch.nn.Module  # the starting weights, with the fresh head drawn from the seed
+    task: Any
+    per_epoch: int  # steps in one pass over train_f
+    steps: int  # steps planned for config.epochs
+
+    def batches(self, batch_size: int, seed: int):
+        """``data(step, micro)`` -> the padded batch of ``step``: a fresh order every epoch,
+        drawn from the seed alone, so any loop given it sees the same batches."""
+        orders: dict[int, list[int]] = {}
+        n = len(self.train_f)
+
+        def data(step: int, micro: int = 0) -> dict[str, torch.Tensor]:
+            epoch, k = divmod(step, self.per_epoch)
+            if epoch not in orders:
+                orders.clear()
+                orders[epoch] = random.Random(seed * 1000 + epoch).sample(range(n), n)
+            rows = orders[epoch][k * batch_size : (k + 1) * batch_size]
+            return self.task.collate([self.train_f[i] for i in rows])
+
+        return data
+
+
+def prepare(config: FinetuneConfig, progress: bool = False) -> Prepared:
+    """Read and check the data, encode it, and build the starting model and the task."""
     directory = resolve_model_dir(config.model)
     tokenizer = BertTokenizer.from_pretrained(directory)
     train_data, dev, train_f, dev_f, report = _data(config, tokenizer)
@@ -193,26 +219,38 @@ def finetune(config: FinetuneConfig, out_dir: str | Path, overwrite: bool = Fals
         train_f = rng.sample(train_f, config.max_train_examples)
     torch.manual_seed(config.seed)
     model = _model(config, train_data)
-    task = _task(config, train_data)
-
     per_epoch = math.ceil(len(train_f) / config.batch_size)
     steps = max(1, math.ceil(config.epochs * per_epoch))
+    return Prepared(tokenizer, train_data, dev, train_f, dev_f, report, model,
+                    _task(config, train_data), per_epoch, steps)  # fmt: skip
+
+
+def main_metric(config: FinetuneConfig, train_data: Any) -> str:
+    """The dev figure that picks the best model."""
+    if config.task == "classify" and train_data.regression:
+        return "pearson"
+    return MAIN_METRIC[config.task]
+
+
+def finetune(config: FinetuneConfig, out_dir: str | Path, overwrite: bool = False,
+             progress: bool = True) -> dict[str, Any]:  # fmt: skip
+    """Fine-tune; returns the results (also written to ``out_dir/results.json``)."""
+    out = Path(out_dir)
+    held = [p.name for p in (out / "metrics.jsonl", out / "model", out / CHECKPOINT) if p.exists()]
+    if held and not overwrite:
+        raise FileExistsError(f"{out} already holds a run ({', '.join(held)}): pass --overwrite "
+                              "to replace it")  # fmt: skip
+    run = prepare(config, progress)
+    tokenizer, train_data, dev, train_f, dev_f = (run.tokenizer, run.train_data, run.dev,
+                                                  run.train_f, run.dev_f)  # fmt: skip
+    model, task, per_epoch, steps, report = run.model, run.task, run.per_epoch, run.steps, run.report
     tc = TrainConfig(out_dir=str(out), steps=steps, lr=config.lr,
                      warmup_steps=int(config.warmup_ratio * steps),
                      weight_decay=config.weight_decay, precision=config.precision,
                      seed=config.seed, log_every=max(1, min(20, per_epoch // 5)),
                      device=config.device, max_seconds=config.max_seconds,
                      checkpoints=False)  # fmt: skip
-    orders: dict[int, list[int]] = {}
-
-    def data(step: int, micro: int) -> dict[str, torch.Tensor]:
-        epoch, k = divmod(step, per_epoch)
-        if epoch not in orders:  # a fresh order every epoch, from the seed alone
-            orders.clear()
-            orders[epoch] = random.Random(config.seed * 1000 + epoch).sample(
-                range(len(train_f)), len(train_f))  # fmt: skip
-        rows = orders[epoch][k * config.batch_size : (k + 1) * config.batch_size]
-        return task.collate([train_f[i] for i in rows])
+    data = run.batches(config.batch_size, config.seed)
 
     if overwrite:
         for name in ("metrics.jsonl", CHECKPOINT, CHECKPOINT + ".prev", "results.json"):
@@ -221,9 +259,7 @@ def finetune(config: FinetuneConfig, out_dir: str | Path, overwrite: bool = Fals
             shutil.rmtree(out / name, ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
     best: dict[str, Any] = {}
-    key = MAIN_METRIC[config.task]
-    if config.task == "classify" and train_data.regression:
-        key = "pearson"
+    key = main_metric(config, train_data)
 
     def evaluate(m, step: int) -> dict[str, float]:
         result = _evaluate(task, m, dev, dev_f, config)

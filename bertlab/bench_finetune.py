@@ -1,0 +1,177 @@
+"""``bertlab bench finetune {classify,tag,qa}``: the same fine-tuning in bertlab and in transformers.
+
+The bertlab side is ``bertlab.finetune.finetune`` itself, as ``bertlab finetune`` runs it. The
+transformers side is its ``BertFor...`` model in a plain training loop of the kind its
+documentation shows (torch AdamW, ``get_linear_schedule_with_warmup``, gradient clipping at
+1.0). Both start from identical weights (bertlab's starting model, the fresh head included,
+saved and loaded into transformers), see the same batches in the same order (bertlab's
+features; the two tokenizers give identical ids, as ``tests/test_tokenizer_parity.py`` shows),
+use the same hyperparameters and seed, evaluate on the dev set after every epoch and when the
+budget runs out, keep their best evaluation, and train for the same budget of seconds. Only
+training time counts against the budget; evaluation is not charged to either side. The dev
+figures come from the same metric code (``bertlab.metrics``) applied to each side's logits.
+
+The runs are sequential in one process (transformers first), on identical thread counts; a
+quiet machine matters, since a slower run trains fewer steps in its budget.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import tempfile
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .finetune import FinetuneConfig, finetune, main_metric, prepare
+
+
+def _transformers_model(config: FinetuneConfig, start: torch.nn.Module) -> torch.nn.Module:
+    import transformers
+
+    cls = {"classify": transformers.BertForSequenceClassification,
+           "tag": transformers.BertForTokenClassification,
+           "qa": transformers.BertForQuestionAnswering}[config.task]  # fmt: skip
+    with tempfile.TemporaryDirectory() as d:
+        start.save_pretrained(d)
+        return cls.from_pretrained(d, attn_implementation="sdpa")
+
+
+def _run_transformers(config: FinetuneConfig, seconds: float, progress: bool) -> dict[str, Any]:
+    """Fine-tune transformers' model in its own loop, on bertlab's batches, for ``seconds``."""
+    from transformers import get_linear_schedule_with_warmup
+
+    run = prepare(config)
+    key = main_metric(config, run.train_data)
+    model = _transformers_model(config, run.model)
+    del run.model
+    no_decay = ("bias", "LayerNorm.weight")
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for n, p in named if not any(k in n for k in no_decay)],
+         "weight_decay": config.weight_decay},
+        {"params": [p for n, p in named if any(k in n for k in no_decay)], "weight_decay": 0.0},
+    ]  # fmt: skip
+    opt = torch.optim.AdamW(groups, lr=config.lr, eps=1e-6)
+    sched = get_linear_schedule_with_warmup(opt, int(config.warmup_ratio * run.steps), run.steps)
+    data = run.batches(config.batch_size, config.seed)
+    args = (run.dev_f,) if config.task == "classify" else (run.dev, run.dev_f)
+    torch.manual_seed(config.seed)
+    model.train()
+    evals: list[dict[str, Any]] = []
+    best: dict[str, Any] = {}
+    trained = 0.0
+    tokens = done = 0
+    for step in range(run.steps):
+        t0 = time.perf_counter()
+        batch = data(step)
+        loss = model(**batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        trained += time.perf_counter() - t0
+        tokens += int(batch["attention_mask"].sum())
+        done = step + 1
+        late = trained > seconds
+        if progress and done % 20 == 0:
+            print(f"\rtransformers step {done}/{run.steps} loss {float(loss):.4f} "
+                  f"{tokens / trained:,.0f} tok/s", end="", flush=True)  # fmt: skip
+        if done % run.per_epoch == 0 or late or done == run.steps:
+            result = run.task.evaluate(model, *args, batch_size=config.eval_batch_size)
+            model.train()
+            evals.append({"step": done, "seconds": trained, **result})
+            if not best or result[key] > best["metrics"][key]:
+                best = {"step": done, "metrics": result,
+                        "state": copy.deepcopy(model.state_dict())}  # fmt: skip
+        if late:
+            break
+    if progress:
+        print()
+    out: dict[str, Any] = {"main_metric": key, "steps": done, "planned_steps": run.steps, "seconds": trained,
+                           "tokens_per_s": tokens / trained, "best_step": best["step"],
+                           "dev": best["metrics"], "evaluations": evals}  # fmt: skip
+    if config.task == "tag":
+        model.load_state_dict(best["state"])
+        out["dev_full"] = run.task.evaluate_full(model, run.dev, run.dev_f, config.eval_batch_size)
+    return out
+
+
+def _run_bertlab(config: FinetuneConfig, seconds: float, progress: bool) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as d:
+        r = finetune(replace(config, max_seconds=seconds), d, progress=progress)
+        rows = [json.loads(line) for line in (Path(d) / "metrics.jsonl").open()]
+    evals = [{"step": row["step"], "seconds": row["train_seconds"],
+              **{k[5:]: v for k, v in row.items() if k.startswith("eval_")}}
+             for row in rows if any(k.startswith("eval_") for k in row)]  # fmt: skip
+    last = rows[-1]
+    out = {"steps": r["steps"], "planned_steps": r["planned_steps"],
+           "seconds": last["train_seconds"], "tokens_per_s": last["tokens_per_s"],
+           "best_step": r["best_step"], "dev": r["dev"], "evaluations": evals}  # fmt: skip
+    if "dev_full" in r:
+        out["dev_full"] = r["dev_full"]
+    return out
+
+
+def bench_finetune(config: FinetuneConfig, seconds: float, progress: bool = True) -> dict[str, Any]:
+    """Both sides for ``seconds`` of training each; the report of ``bertlab bench finetune``."""
+    if not seconds > 0:
+        raise ValueError(f"the time budget must be > 0 seconds, got {seconds}")
+    if config.dev is None and not config.dev_articles:
+        raise ValueError("bench finetune needs a dev set: --dev, or --dev-articles for qa")
+    if config.precision != "float32":
+        raise ValueError("bench finetune compares float32 runs; got precision "
+                         f"{config.precision!r}")  # fmt: skip
+    report: dict[str, Any] = {"task": config.task, "config": asdict(config),
+                              "budget_seconds": seconds, "threads": torch.get_num_threads()}  # fmt: skip
+    started = time.perf_counter()
+    report["transformers"] = _run_transformers(config, seconds, progress)
+    report["bertlab"] = _run_bertlab(config, seconds, progress)
+    b, t = report["bertlab"], report["transformers"]
+    report["main_metric"] = key = t.pop("main_metric")
+    report["speedup"] = b["tokens_per_s"] / t["tokens_per_s"]
+    report["difference"] = b["dev"][key] - t["dev"][key]
+    report["wall_seconds"] = time.perf_counter() - started
+    return report
+
+
+def format_report(r: dict[str, Any]) -> str:
+    key = r["main_metric"]
+    lines = [f"{'':<14}{'steps':>12}{'train s':>9}{'tokens/s':>10}{'best ' + key:>14}"]
+    for side in ("bertlab", "transformers"):
+        s = r[side]
+        lines.append(f"{side:<14}{s['steps']:>6}/{s['planned_steps']:<5}{s['seconds']:>9.0f}"
+                     f"{s['tokens_per_s']:>10,.0f}{s['dev'][key]:>14.4f}")  # fmt: skip
+    lines.append(f"bertlab trains {r['speedup']:.2f}x the tokens per second; best {key} "
+                 f"{r['difference']:+.4f} against transformers")  # fmt: skip
+    return "\n".join(lines)
+
+
+def plot_finetune(r: dict[str, Any], path: str | Path) -> None:
+    """Dev figure against training seconds, both sides."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise ValueError("the chart needs matplotlib (pip install 'bertlab[plot]')") from e
+    key = r["main_metric"]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for side in ("bertlab", "transformers"):
+        ev = r[side]["evaluations"]
+        ax.plot([e["seconds"] for e in ev], [e[key] for e in ev], "o-", label=side)
+    ax.set_xlabel("training seconds")
+    ax.set_ylabel(f"dev {key}")
+    ax.set_title(f"fine-tuning ({r['task']}), {math.ceil(r['budget_seconds'])} s each")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
