@@ -1,4 +1,4 @@
-"""``bertlab bench finetune {classify,tag,qa}``: the same fine-tuning in bertlab and in transformers.
+"""``bertlab bench finetune {classify,tag,qa}``: one fine-tuning, in bertlab and in transformers.
 
 The bertlab side is ``bertlab.finetune.finetune`` itself, as ``bertlab finetune`` runs it. The
 transformers side is its ``BertFor...`` model in a plain training loop of the kind its
@@ -67,6 +67,7 @@ def _run_transformers(config: FinetuneConfig, seconds: float, progress: bool) ->
     best: dict[str, Any] = {}
     trained = 0.0
     tokens = done = 0
+    losses: list[float] = []
     for step in range(run.steps):
         t0 = time.perf_counter()
         batch = data(step)
@@ -77,11 +78,12 @@ def _run_transformers(config: FinetuneConfig, seconds: float, progress: bool) ->
         sched.step()
         opt.zero_grad(set_to_none=True)
         trained += time.perf_counter() - t0
+        losses.append(round(float(loss.detach()), 5))
         tokens += int(batch["attention_mask"].sum())
         done = step + 1
         late = trained > seconds
         if progress and done % 20 == 0:
-            print(f"\rtransformers step {done}/{run.steps} loss {float(loss):.4f} "
+            print(f"\rtransformers step {done}/{run.steps} loss {losses[-1]:.4f} "
                   f"{tokens / trained:,.0f} tok/s", end="", flush=True)  # fmt: skip
         if done % run.per_epoch == 0 or late or done == run.steps:
             result = run.task.evaluate(model, *args, batch_size=config.eval_batch_size)
@@ -94,9 +96,10 @@ def _run_transformers(config: FinetuneConfig, seconds: float, progress: bool) ->
             break
     if progress:
         print()
-    out: dict[str, Any] = {"main_metric": key, "steps": done, "planned_steps": run.steps, "seconds": trained,
-                           "tokens_per_s": tokens / trained, "best_step": best["step"],
-                           "dev": best["metrics"], "evaluations": evals}  # fmt: skip
+    out: dict[str, Any] = {"main_metric": key, "steps": done, "planned_steps": run.steps,
+                           "seconds": trained, "tokens_per_s": tokens / trained,
+                           "best_step": best["step"], "dev": best["metrics"],
+                           "evaluations": evals, "losses": losses}  # fmt: skip
     if config.task == "tag":
         model.load_state_dict(best["state"])
         out["dev_full"] = run.task.evaluate_full(model, run.dev, run.dev_f, config.eval_batch_size)
@@ -113,7 +116,8 @@ def _run_bertlab(config: FinetuneConfig, seconds: float, progress: bool) -> dict
     last = rows[-1]
     out = {"steps": r["steps"], "planned_steps": r["planned_steps"],
            "seconds": last["train_seconds"], "tokens_per_s": last["tokens_per_s"],
-           "best_step": r["best_step"], "dev": r["dev"], "evaluations": evals}  # fmt: skip
+           "best_step": r["best_step"], "dev": r["dev"], "evaluations": evals,
+           "losses": [round(row["loss"], 5) for row in rows]}  # fmt: skip
     if "dev_full" in r:
         out["dev_full"] = r["dev_full"]
     return out
@@ -129,7 +133,8 @@ def bench_finetune(config: FinetuneConfig, seconds: float, progress: bool = True
         raise ValueError("bench finetune compares float32 runs; got precision "
                          f"{config.precision!r}")  # fmt: skip
     report: dict[str, Any] = {"task": config.task, "config": asdict(config),
-                              "budget_seconds": seconds, "threads": torch.get_num_threads()}  # fmt: skip
+                              "budget_seconds": seconds,
+                              "threads": torch.get_num_threads()}  # fmt: skip
     started = time.perf_counter()
     report["transformers"] = _run_transformers(config, seconds, progress)
     report["bertlab"] = _run_bertlab(config, seconds, progress)
@@ -167,7 +172,9 @@ def plot_finetune(r: dict[str, Any], path: str | Path) -> None:
     for side in ("bertlab", "transformers"):
         ev = r[side]["evaluations"]
         ax.plot([e["seconds"] for e in ev], [e[key] for e in ev], "o-", label=side)
-    ax.set_xlabel("training seconds")
+    ax.axvline(r["budget_seconds"], color="grey", linestyle="--", linewidth=1)
+    ax.set_xlim(0, r["budget_seconds"] * 1.05)
+    ax.set_xlabel("training seconds (dashed: the budget)")
     ax.set_ylabel(f"dev {key}")
     ax.set_title(f"fine-tuning ({r['task']}), {math.ceil(r['budget_seconds'])} s each")
     ax.grid(alpha=0.3)

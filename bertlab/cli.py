@@ -357,7 +357,7 @@ def _bench_finetune(args: argparse.Namespace) -> int:
                             model=model, epochs=args.epochs, batch_size=args.batch_size,
                             lr=args.lr or 5e-5, max_length=args.max_length,
                             max_train_examples=args.max_train_examples, seed=args.seed,
-                            dev_articles=args.dev_articles)  # fmt: skip
+                            dropout=args.dropout, dev_articles=args.dev_articles)  # fmt: skip
     r = bench_finetune(config, args.seconds)
     print(format_report(r))
     if "dev_full" in r["bertlab"]:
@@ -490,6 +490,7 @@ def build_parser() -> argparse.ArgumentParser:
     fine.add_argument("--max-length", type=int, help="tokens (default 128; qa 384)")
     fine.add_argument("--max-train-examples", type=int)
     fine.add_argument("--seed", type=int, default=0)
+    fine.add_argument("--dropout", type=float, help="default: the model's own")
     bench.set_defaults(func=cmd_bench)
     return p
 

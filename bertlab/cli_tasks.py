@@ -66,8 +66,8 @@ def cmd_finetune(args: argparse.Namespace) -> int:
 
     names = ("train", "dev", "model", "epochs", "batch_size", "lr", "warmup_ratio",
              "weight_decay", "max_length", "max_train_examples", "max_seconds", "seed",
-             "precision", "device", "text_column", "pair_column", "label_column", "doc_stride",
-             "max_query_length", "max_answer_length", "dev_articles")  # fmt: skip
+             "dropout", "precision", "device", "text_column", "pair_column", "label_column",
+             "doc_stride", "max_query_length", "max_answer_length", "dev_articles")  # fmt: skip
     config = FinetuneConfig(task=args.task, **{n: getattr(args, n) for n in names})
     r = finetune(config, args.output, overwrite=args.overwrite)
     where = Path(args.output) / "model"
@@ -214,6 +214,8 @@ def add_task_parsers(sub: argparse._SubParsersAction) -> None:
     ft.add_argument("--max-train-examples", type=int, help="a random subset of the training set")
     ft.add_argument("--max-seconds", type=float, help="training-time budget")
     ft.add_argument("--seed", type=int, default=0)
+    ft.add_argument("--dropout", type=float, help="hidden and attention dropout (default: "
+                    "the model's)")  # fmt: skip
     ft.add_argument("--precision", choices=["float32", "bfloat16"], default="float32")
     ft.add_argument("--device", default="cpu")
     ft.add_argument("--text-column", help="classify: the text column (default: detected)")

@@ -58,6 +58,7 @@ class FinetuneConfig:
     max_train_examples: int | None = None  # a random subset of the training data
     max_seconds: float | None = None  # a training-time budget
     seed: int = 0
+    dropout: float | None = None  # hidden and attention dropout (default: the model's own)
     precision: str = "float32"
     device: str = "cpu"
     eval_batch_size: int = 64
@@ -83,6 +84,8 @@ class FinetuneConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_train_examples is not None and self.max_train_examples < 1:
             raise ValueError(f"max_train_examples must be >= 1, got {self.max_train_examples}")
+        if self.dropout is not None and not 0 <= self.dropout < 1:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         if self.dev_articles and self.task != "qa":
             raise ValueError("dev_articles holds out SQuAD articles: it is for the qa task")
 
@@ -146,17 +149,20 @@ def _data(config: FinetuneConfig, tokenizer: BertTokenizer) -> tuple[Any, Any, l
 
 def _model(config: FinetuneConfig, train_data: Any):
     directory = resolve_model_dir(config.model)
+    kw: dict[str, Any] = {}
+    if config.dropout is not None:
+        kw = dict(hidden_dropout_prob=config.dropout, attention_probs_dropout_prob=config.dropout)
     if config.task == "classify":
         if train_data.regression:
             return BertForSequenceClassification.from_pretrained(
-                directory, num_labels=1, problem_type="regression")  # fmt: skip
+                directory, num_labels=1, problem_type="regression", **kw)  # fmt: skip
         labels = dict(enumerate(train_data.label_names))
-        return BertForSequenceClassification.from_pretrained(
-            directory, id2label=labels, problem_type="single_label_classification")  # fmt: skip
+        kw["problem_type"] = "single_label_classification"
+        return BertForSequenceClassification.from_pretrained(directory, id2label=labels, **kw)
     if config.task == "tag":
         return BertForTokenClassification.from_pretrained(
-            directory, id2label=dict(enumerate(train_data.label_names)))  # fmt: skip
-    return BertForQuestionAnswering.from_pretrained(directory)
+            directory, id2label=dict(enumerate(train_data.label_names)), **kw)  # fmt: skip
+    return BertForQuestionAnswering.from_pretrained(directory, **kw)
 
 
 def _task(config: FinetuneConfig, train_data: Any):
@@ -241,9 +247,8 @@ def finetune(config: FinetuneConfig, out_dir: str | Path, overwrite: bool = Fals
         raise FileExistsError(f"{out} already holds a run ({', '.join(held)}): pass --overwrite "
                               "to replace it")  # fmt: skip
     run = prepare(config, progress)
-    tokenizer, train_data, dev, train_f, dev_f = (run.tokenizer, run.train_data, run.dev,
-                                                  run.train_f, run.dev_f)  # fmt: skip
-    model, task, per_epoch, steps, report = run.model, run.task, run.per_epoch, run.steps, run.report
+    tokenizer, train_data, dev, dev_f = run.tokenizer, run.train_data, run.dev, run.dev_f
+    model, task, per_epoch, steps = run.model, run.task, run.per_epoch, run.steps
     tc = TrainConfig(out_dir=str(out), steps=steps, lr=config.lr,
                      warmup_steps=int(config.warmup_ratio * steps),
                      weight_decay=config.weight_decay, precision=config.precision,
@@ -284,9 +289,9 @@ def finetune(config: FinetuneConfig, out_dir: str | Path, overwrite: bool = Fals
         model.save_pretrained(final)
         tokenizer.save_pretrained(final)
     results: dict[str, Any] = {
-        "task": config.task, "config": asdict(config), "report": report,
+        "task": config.task, "config": asdict(config), "report": run.report,
         "steps": int(last.get("step", 0)), "planned_steps": steps, "seconds": seconds,
-        "train_examples": len(train_f), "best_step": best.get("step"),
+        "train_examples": len(run.train_f), "best_step": best.get("step"),
         "dev": best.get("metrics"),
     }  # fmt: skip
     if config.task == "tag" and dev is not None:  # the per-type table, from the best model

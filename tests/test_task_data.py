@@ -208,6 +208,45 @@ def test_squad_v2_and_bad_answers(tmp_path, tok):
     assert {data.examples[f["example"]].id for f in evaluation} == {"q1", "q2", "q3"}
 
 
+class _ParisModel(torch.nn.Module):
+    """Points every answer at the token "paris", and scores [CLS] (no answer) highest only
+    when the question holds "who"."""
+
+    def __init__(self, tok):
+        super().__init__()
+        self.paris, self.who = tok.convert_tokens_to_ids(["paris", "who"])
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None):
+        logits = torch.where(input_ids == self.paris, 5.0, -5.0)
+        asks_who = (input_ids == self.who).any(1)
+        logits[:, 0] = torch.where(asks_who, 20.0, -20.0)
+        from types import SimpleNamespace
+
+        return SimpleNamespace(start_logits=logits, end_logits=logits.clone())
+
+
+def test_squad_v2_evaluation_abstains_and_searches_the_threshold(tmp_path, tok):
+    from bertlab.tasks.finetuning import QuestionAnsweringTask
+
+    raw = {"version": "v2.0", "data": [{"title": "T", "paragraphs": [{
+        "context": "Paris is the capital of France.",
+        "qas": [{"id": "q1", "question": "What is the capital?", "is_impossible": False,
+                 "answers": [{"text": "Paris", "answer_start": 0}]},
+                {"id": "q2", "question": "Who?", "is_impossible": True, "answers": []},
+                {"id": "q3", "question": "Which country?", "is_impossible": False,
+                 "answers": [{"text": "France", "answer_start": 24}]}]}]}]}  # fmt: skip
+    data = read_squad(_write(tmp_path / "v2.json", json.dumps(raw)))
+    features = encode_squad(tok, data, max_length=64, doc_stride=16, training=False)
+    r = QuestionAnsweringTask().evaluate(_ParisModel(tok), data, features)
+    # q1 right, q2 rightly unanswered (its [CLS] beats the span by 30 > 0), q3 wrong.
+    assert r["exact_match"] == pytest.approx(2 / 3)
+    assert r["has_answer_exact_match"] == 0.5 and r["no_answer_exact_match"] == 1.0
+    assert r["best_exact_match"] == pytest.approx(2 / 3) and r["best_f1"] >= r["f1"]
+    # A threshold above the margin never abstains: q2 is then answered, and wrong.
+    never = QuestionAnsweringTask(null_threshold=100.0).evaluate(_ParisModel(tok), data, features)
+    assert never["exact_match"] == pytest.approx(1 / 3)
+
+
 def test_squad_refusals(tmp_path, tok):
     raw = {
         "data": [

@@ -141,7 +141,10 @@ class QuestionAnsweringTask(_Task):
         return batch
 
     def answers(self, model: nn.Module, data: SquadData, features: list[dict],
-                batch_size: int = 64, device: str = "cpu") -> dict[str, dict]:  # fmt: skip
+                batch_size: int = 64, device: str = "cpu",
+                null_threshold: float | None = None) -> dict[str, dict]:  # fmt: skip
+        """The best answer of every question (``best_answers``); ``null_threshold``: the
+        task's own unless given."""
         def read(out, _batch) -> list:
             s, e = out.start_logits.float().cpu(), out.end_logits.float().cpu()
             return list(zip(s, e, strict=True))
@@ -154,12 +157,30 @@ class QuestionAnsweringTask(_Task):
             start[w, : len(s)], end[w, : len(e)] = s, e
         return best_answers(data, features, start, end, n_best=self.n_best,
                             max_answer_length=self.max_answer_length,
-                            null_threshold=self.null_threshold)  # fmt: skip
+                            null_threshold=null_threshold if null_threshold is not None
+                            else self.null_threshold)  # fmt: skip
 
     def evaluate(self, model: nn.Module, data: SquadData, features: list[dict],
                  batch_size: int = 64, device: str = "cpu") -> dict[str, float]:  # fmt: skip
-        answers = self.answers(model, data, features, batch_size, device)
-        preds = {q: a["text"] for q, a in answers.items()}
+        """SQuAD EM and F1. With unanswerable questions (SQuAD 2.0) the model abstains where
+        the [CLS] score beats the best span's by more than ``null_threshold`` (0 unless given,
+        as the original recipe), the scores are also given per kind, and ``best_f1`` /
+        ``best_exact_match`` are those at the best threshold, as the official script reports."""
         gold = {e.id: e.answers for e in data.examples}
-        r = M.squad(preds, gold)
-        return {k: float(v) for k, v in r.items() if k != "total"}
+        v2 = any(not a for a in gold.values())
+        threshold = self.null_threshold
+        if v2 and threshold is None:
+            threshold = 0.0
+        answers = self.answers(model, data, features, batch_size, device, threshold)
+        r = M.squad({q: a["text"] for q, a in answers.items()}, gold)
+        result = {k: float(v) for k, v in r.items() if not k.endswith("total")}
+        if v2:
+            spans = {q: a["n_best"][0]["text"] if a["n_best"] else "" for q, a in answers.items()}
+            margin = {q: a["null_score"] - (a["n_best"][0]["score"] if a["n_best"]
+                                            else float("-inf"))
+                      for q, a in answers.items()}  # fmt: skip
+            for metric in ("exact_match", "f1"):
+                threshold, score = M.best_no_answer_threshold(spans, gold, margin, metric)
+                result[f"best_{metric}"] = score
+                result[f"best_{metric}_threshold"] = threshold
+        return result
