@@ -81,10 +81,14 @@ def test_tagging_reports_the_per_type_table_for_both_sides(tmp_path, capsys):
         (["finetune", "summarise"], "got summarise"),
         (["finetune", "classify"], "needs --train"),
         (["finetune", "classify", "--train", "{train}"], "needs a dev set"),
-        (["finetune", "classify", "--train", "{train}", "--dev", "{dev}", "--seconds", "0"],
-         "budget must be > 0 seconds, got 0"),
-        (["finetune", "classify", "--train", "{train}", "--dev", "{dev}", "--models", "a,b"],
-         "one model; got --models a,b"),
+        (
+            ["finetune", "classify", "--train", "{train}", "--dev", "{dev}", "--seconds", "0"],
+            "budget must be > 0 seconds, got 0",
+        ),
+        (
+            ["finetune", "classify", "--train", "{train}", "--dev", "{dev}", "--models", "a,b"],
+            "one model; got --models a,b",
+        ),
     ],
 )
 def test_refusals_name_the_value(sst2, capsys, args, message):

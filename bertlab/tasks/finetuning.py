@@ -145,6 +145,7 @@ class QuestionAnsweringTask(_Task):
                 null_threshold: float | None = None) -> dict[str, dict]:  # fmt: skip
         """The best answer of every question (``best_answers``); ``null_threshold``: the
         task's own unless given."""
+
         def read(out, _batch) -> list:
             s, e = out.start_logits.float().cpu(), out.end_logits.float().cpu()
             return list(zip(s, e, strict=True))
