@@ -297,14 +297,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
                       f"{t['transformers']:>11,.0f}{r['ratio']:>7.2f}x"
                       f"{p['bertlab']:>8.0f}/{p['transformers']:<6.0f}"
                       f"{u['bertlab']:>12.0%}/{u['transformers']:.0%}", flush=True)  # fmt: skip
+    if not report["results"]:
+        args.plot = None  # no model workloads: nothing to chart
+    _write_outputs(args, report, lambda path: plot(report, path))
+    return 0
+
+
+def _write_outputs(args: argparse.Namespace, report: dict, draw) -> None:
+    """The JSON report to --out and the chart (``draw(path)``) to --plot, when asked for."""
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
         print(f"report: {args.out}")
-    if args.plot and report["results"]:
-        plot(report, args.plot)
+    if args.plot:
+        draw(args.plot)
         print(f"chart: {args.plot}")
-    return 0
 
 
 def _bench_pretrain(args: argparse.Namespace) -> int:
@@ -327,13 +334,7 @@ def _bench_pretrain(args: argparse.Namespace) -> int:
         print(f"{side:<14}{r['seconds_per_step'][side]:>8.3f}{r['tokens_per_s'][side]:>10,.0f}"
               f"{f['mlm_acc']:>9.4f}{f['nsp_acc']:>9.4f}")  # fmt: skip
     print(f"bertlab is {r['speedup']:.2f}x faster per step")
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-        print(f"report: {args.out}")
-    if args.plot:
-        plot_pretrain(r, args.plot)
-        print(f"chart: {args.plot}")
+    _write_outputs(args, report, lambda path: plot_pretrain(r, path))
     return 0
 
 
@@ -365,13 +366,7 @@ def _bench_finetune(args: argparse.Namespace) -> int:
             print(f"\n{side}, best model, entities on the dev set:")
             print(format_conlleval(r[side]["dev_full"]))
     report = {"machine": machine(), "finetune": r}
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-        print(f"report: {args.out}")
-    if args.plot:
-        plot_finetune(r, args.plot)
-        print(f"chart: {args.plot}")
+    _write_outputs(args, report, lambda path: plot_finetune(r, path))
     return 0
 
 

@@ -18,16 +18,6 @@ from bertlab.bench_finetune import bench_finetune  # noqa: E402
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
-@pytest.fixture(scope="module")
-def sst2(tmp_path_factory):
-    """The 200-row SST-2 sample split in 160 training and 40 dev rows."""
-    root = tmp_path_factory.mktemp("sst2")
-    lines = (FIXTURES / "sst2_sample.tsv").read_text("utf-8").splitlines(keepends=True)
-    (root / "train.tsv").write_text("".join(lines[:161]), "utf-8")
-    (root / "dev.tsv").write_text(lines[0] + "".join(lines[161:]), "utf-8")
-    return root
-
-
 def _config(sst2, **kw) -> FinetuneConfig:
     base = dict(task="classify", train=str(sst2 / "train.tsv"), dev=str(sst2 / "dev.tsv"),
                 epochs=1, batch_size=16, max_length=48, lr=1e-4, max_train_examples=64)  # fmt: skip

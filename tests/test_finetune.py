@@ -16,16 +16,6 @@ from bertlab.finetune import FinetuneConfig, finetune
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
-@pytest.fixture(scope="module")
-def sst2(tmp_path_factory):
-    """The 200-row SST-2 sample split in 160 training and 40 dev rows."""
-    root = tmp_path_factory.mktemp("sst2")
-    lines = (FIXTURES / "sst2_sample.tsv").read_text("utf-8").splitlines(keepends=True)
-    (root / "train.tsv").write_text("".join(lines[:161]), "utf-8")
-    (root / "dev.tsv").write_text(lines[0] + "".join(lines[161:]), "utf-8")
-    return root
-
-
 def test_classify_end_to_end(sst2, tmp_path, capsys):
     transformers = pytest.importorskip("transformers", reason="transformers is a test extra")
     out = tmp_path / "run"

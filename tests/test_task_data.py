@@ -185,15 +185,20 @@ def test_best_answers_reads_spans_back_from_logits(tok):
     assert all(a["tokens"][1] - a["tokens"][0] < 30 for a in answers.values())
 
 
-def test_squad_v2_and_bad_answers(tmp_path, tok):
-    raw = {"version": "v2.0", "data": [{"title": "T", "paragraphs": [{
+def _squad_v2(france_at: int) -> str:
+    """Three questions on one sentence: answerable, unanswerable, and one whose answer is
+    given at ``france_at``."""
+    return json.dumps({"version": "v2.0", "data": [{"title": "T", "paragraphs": [{
         "context": "Paris is the capital of France.",
         "qas": [{"id": "q1", "question": "What is the capital?", "is_impossible": False,
                  "answers": [{"text": "Paris", "answer_start": 0}]},
                 {"id": "q2", "question": "Who?", "is_impossible": True, "answers": []},
                 {"id": "q3", "question": "Which country?", "is_impossible": False,
-                 "answers": [{"text": "France", "answer_start": 3}]}]}]}]}  # fmt: skip
-    path = _write(tmp_path / "v2.json", json.dumps(raw))
+                 "answers": [{"text": "France", "answer_start": france_at}]}]}]}]})  # fmt: skip
+
+
+def test_squad_v2_and_bad_answers(tmp_path, tok):
+    path = _write(tmp_path / "v2.json", _squad_v2(france_at=3))  # France is at 24
     data = read_squad(path)
     assert data.version == "2.0" and data.mismatched == ["q3"]
     assert data.examples[1].answers == [] and "1 answers whose text does not match" in (
@@ -228,14 +233,7 @@ class _ParisModel(torch.nn.Module):
 def test_squad_v2_evaluation_abstains_and_searches_the_threshold(tmp_path, tok):
     from bertlab.tasks.finetuning import QuestionAnsweringTask
 
-    raw = {"version": "v2.0", "data": [{"title": "T", "paragraphs": [{
-        "context": "Paris is the capital of France.",
-        "qas": [{"id": "q1", "question": "What is the capital?", "is_impossible": False,
-                 "answers": [{"text": "Paris", "answer_start": 0}]},
-                {"id": "q2", "question": "Who?", "is_impossible": True, "answers": []},
-                {"id": "q3", "question": "Which country?", "is_impossible": False,
-                 "answers": [{"text": "France", "answer_start": 24}]}]}]}]}  # fmt: skip
-    data = read_squad(_write(tmp_path / "v2.json", json.dumps(raw)))
+    data = read_squad(_write(tmp_path / "v2.json", _squad_v2(france_at=24)))
     features = encode_squad(tok, data, max_length=64, doc_stride=16, training=False)
     r = QuestionAnsweringTask().evaluate(_ParisModel(tok), data, features)
     # q1 right, q2 rightly unanswered (its [CLS] beats the span by 30 > 0), q3 wrong.

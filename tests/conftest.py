@@ -1,0 +1,19 @@
+"""Fixtures shared by several test files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture(scope="session")
+def sst2(tmp_path_factory):
+    """The 200-row SST-2 sample split in 160 training and 40 dev rows."""
+    root = tmp_path_factory.mktemp("sst2")
+    lines = (FIXTURES / "sst2_sample.tsv").read_text("utf-8").splitlines(keepends=True)
+    (root / "train.tsv").write_text("".join(lines[:161]), "utf-8")
+    (root / "dev.tsv").write_text(lines[0] + "".join(lines[161:]), "utf-8")
+    return root
