@@ -82,8 +82,9 @@ def packed_attention(
 
     A batch without padding runs as one batched SDPA call. On CUDA in half precision without
     dropout, PyTorch's variable-length flash kernel does all sequences in one call. Otherwise
-    each sequence is one small attention: the explicit equation (on CPU this beats the fused
-    kernel at BERT's lengths, see benchmarks/)."""
+    each sequence is one small SDPA call on views of the packed tensor, without a mask (on a
+    2-core CPU, 1.6x faster than the written-out equation in bfloat16 and as fast in float32,
+    and closer to float32 in bfloat16 because its softmax never rounds the scores)."""
     if need_weights:
         raise ValueError("the packed kernel does not return attention probabilities")
     N, A, D = q.shape
@@ -103,15 +104,14 @@ def packed_attention(
     ):
         cu, m = packing.cu_seqlens, packing.max_seqlen
         return varlen_attn(q, k, v, cu, cu, m, m), None
-    qh = (q * D**-0.5).transpose(0, 1)  # scaled once for all sequences; (A, N, D)
-    kh, vh = k.transpose(0, 1), v.transpose(0, 1)
+    qh, kh, vh = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # (A, N, D) views
     outs = []
     start = 0
     for n in packing.lengths:
-        s = slice(start, start + n)
-        scores = torch.matmul(qh[:, s], kh[:, s].transpose(-1, -2))  # (A, n, n)
-        probs = scores.softmax(dim=-1)  # accumulates in float32 for half types
-        outs.append(torch.matmul(F.dropout(probs, p=dropout_p), vh[:, s]))  # (A, n, D)
+        s = slice(start, start + n)  # one sequence, no mask: (1, A, n, D) -> (A, n, D)
+        one = F.scaled_dot_product_attention(qh[None, :, s], kh[None, :, s], vh[None, :, s],
+                                             dropout_p=dropout_p)  # fmt: skip
+        outs.append(one[0])
         start += n
     return torch.cat(outs, dim=1).transpose(0, 1), None
 
