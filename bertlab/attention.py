@@ -106,23 +106,15 @@ def packed_attention(
     ):
         cu, m = packing.cu_seqlens, packing.max_seqlen
         return varlen_attn(q, k, v, cu, cu, m, m), None
-    if q.requires_grad:  # training: the written-out equation's backward is the cheaper one
-        qh = (q * D**-0.5).transpose(0, 1)  # scaled once for all sequences; (A, N, D)
-    else:
-        qh = q.transpose(0, 1)
-    kh, vh = k.transpose(0, 1), v.transpose(0, 1)
+    # One sequence at a time, on (1, A, n, D) views, no mask. When gradients are recorded
+    # (training) the written-out equation's backward is the cheaper one.
+    one = eager_attention if q.requires_grad else sdpa_attention
+    qh, kh, vh = (t.transpose(0, 1)[None] for t in (q, k, v))  # (1, A, N, D) views
     outs = []
     start = 0
     for n in packing.lengths:
         s = slice(start, start + n)
-        if q.requires_grad:
-            scores = torch.matmul(qh[:, s], kh[:, s].transpose(-1, -2))  # (A, n, n)
-            probs = F.dropout(scores.softmax(dim=-1), p=dropout_p)
-            outs.append(torch.matmul(probs, vh[:, s]))  # (A, n, D)
-        else:  # one sequence, no mask: (1, A, n, D) -> (A, n, D)
-            one = F.scaled_dot_product_attention(qh[None, :, s], kh[None, :, s],
-                                                 vh[None, :, s], dropout_p=dropout_p)  # fmt: skip
-            outs.append(one[0])
+        outs.append(one(qh[:, :, s], kh[:, :, s], vh[:, :, s], None, dropout_p, False)[0][0])
         start += n
     return torch.cat(outs, dim=1).transpose(0, 1), None
 

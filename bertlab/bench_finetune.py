@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from .finetune import FinetuneConfig, finetune, main_metric, prepare
+from .finetune import FinetuneConfig, Prepared, evaluate_dev, finetune, main_metric, prepare
 
 
 def _transformers_model(config: FinetuneConfig, start: torch.nn.Module) -> torch.nn.Module:
@@ -42,14 +42,12 @@ def _transformers_model(config: FinetuneConfig, start: torch.nn.Module) -> torch
         return cls.from_pretrained(d, attn_implementation="sdpa")
 
 
-def _run_transformers(config: FinetuneConfig, seconds: float, progress: bool) -> dict[str, Any]:
-    """Fine-tune transformers' model in its own loop, on bertlab's batches, for ``seconds``."""
+def _run_transformers(config: FinetuneConfig, run: Prepared, model: torch.nn.Module, key: str,
+                      seconds: float, progress: bool) -> dict[str, Any]:  # fmt: skip
+    """Fine-tune transformers' ``model`` in its own loop, on ``run``'s batches, for ``seconds``;
+    ``key`` picks the best evaluation."""
     from transformers import get_linear_schedule_with_warmup
 
-    run = prepare(config)
-    key = main_metric(config, run.train_data)
-    model = _transformers_model(config, run.model)
-    del run.model
     no_decay = ("bias", "LayerNorm.weight")
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     groups = [
@@ -60,7 +58,6 @@ def _run_transformers(config: FinetuneConfig, seconds: float, progress: bool) ->
     opt = torch.optim.AdamW(groups, lr=config.lr, eps=1e-6)
     sched = get_linear_schedule_with_warmup(opt, int(config.warmup_ratio * run.steps), run.steps)
     data = run.batches(config.batch_size, config.seed)
-    args = (run.dev_f,) if config.task == "classify" else (run.dev, run.dev_f)
     torch.manual_seed(config.seed)
     model.train()
     evals: list[dict[str, Any]] = []
@@ -86,7 +83,7 @@ def _run_transformers(config: FinetuneConfig, seconds: float, progress: bool) ->
             print(f"\rtransformers step {done}/{run.steps} loss {losses[-1]:.4f} "
                   f"{tokens / trained:,.0f} tok/s", end="", flush=True)  # fmt: skip
         if done % run.per_epoch == 0 or late or done == run.steps:
-            result = run.task.evaluate(model, *args, batch_size=config.eval_batch_size)
+            result = evaluate_dev(run.task, model, run.dev, run.dev_f, config)
             model.train()
             evals.append({"step": done, "seconds": trained, **result})
             if not best or result[key] > best["metrics"][key]:
@@ -96,7 +93,7 @@ def _run_transformers(config: FinetuneConfig, seconds: float, progress: bool) ->
             break
     if progress:
         print()
-    out: dict[str, Any] = {"main_metric": key, "steps": done, "planned_steps": run.steps,
+    out: dict[str, Any] = {"steps": done, "planned_steps": run.steps,
                            "seconds": trained, "tokens_per_s": tokens / trained,
                            "best_step": best["step"], "dev": best["metrics"],
                            "evaluations": evals, "losses": losses}  # fmt: skip
@@ -106,9 +103,10 @@ def _run_transformers(config: FinetuneConfig, seconds: float, progress: bool) ->
     return out
 
 
-def _run_bertlab(config: FinetuneConfig, seconds: float, progress: bool) -> dict[str, Any]:
+def _run_bertlab(config: FinetuneConfig, run: Prepared, seconds: float,
+                 progress: bool) -> dict[str, Any]:  # fmt: skip
     with tempfile.TemporaryDirectory() as d:
-        r = finetune(replace(config, max_seconds=seconds), d, progress=progress)
+        r = finetune(replace(config, max_seconds=seconds), d, progress=progress, prepared=run)
         rows = [json.loads(line) for line in (Path(d) / "metrics.jsonl").open()]
     evals = [{"step": row["step"], "seconds": row["train_seconds"],
               **{k[5:]: v for k, v in row.items() if k.startswith("eval_")}}
@@ -136,10 +134,12 @@ def bench_finetune(config: FinetuneConfig, seconds: float, progress: bool = True
                               "budget_seconds": seconds,
                               "threads": torch.get_num_threads()}  # fmt: skip
     started = time.perf_counter()
-    report["transformers"] = _run_transformers(config, seconds, progress)
-    report["bertlab"] = _run_bertlab(config, seconds, progress)
-    b, t = report["bertlab"], report["transformers"]
-    report["main_metric"] = key = t.pop("main_metric")
+    run = prepare(config, progress)  # the data is read and encoded once, for both sides
+    key = report["main_metric"] = main_metric(config, run.train_data)
+    hf = _transformers_model(config, run.model)  # a copy of the starting weights
+    report["transformers"] = t = _run_transformers(config, run, hf, key, seconds, progress)
+    del hf
+    report["bertlab"] = b = _run_bertlab(config, run, seconds, progress)
     report["speedup"] = b["tokens_per_s"] / t["tokens_per_s"]
     report["difference"] = b["dev"][key] - t["dev"][key]
     report["wall_seconds"] = time.perf_counter() - started

@@ -297,19 +297,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
                       f"{t['transformers']:>11,.0f}{r['ratio']:>7.2f}x"
                       f"{p['bertlab']:>8.0f}/{p['transformers']:<6.0f}"
                       f"{u['bertlab']:>12.0%}/{u['transformers']:.0%}", flush=True)  # fmt: skip
-    if not report["results"]:
-        args.plot = None  # no model workloads: nothing to chart
-    _write_outputs(args, report, lambda path: plot(report, path))
+    _write_outputs(args, report, (lambda path: plot(report, path)) if report["results"] else None)
     return 0
 
 
 def _write_outputs(args: argparse.Namespace, report: dict, draw) -> None:
-    """The JSON report to --out and the chart (``draw(path)``) to --plot, when asked for."""
+    """The JSON report to --out and the chart (``draw(path)``, if there is one) to --plot."""
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
         print(f"report: {args.out}")
-    if args.plot:
+    if args.plot and draw is not None:
         draw(args.plot)
         print(f"chart: {args.plot}")
 

@@ -175,7 +175,8 @@ def _task(config: FinetuneConfig, train_data: Any):
     return QuestionAnsweringTask(max_answer_length=config.max_answer_length)
 
 
-def _evaluate(task: Any, model, dev: Any, dev_f: list, config: FinetuneConfig) -> dict:
+def evaluate_dev(task: Any, model, dev: Any, dev_f: list, config: FinetuneConfig) -> dict:
+    """The task's dev figures for ``model`` (any model whose outputs carry the logits)."""
     args = (model, dev_f) if config.task == "classify" else (model, dev, dev_f)
     return task.evaluate(*args, batch_size=config.eval_batch_size, device=config.device)
 
@@ -239,14 +240,17 @@ def main_metric(config: FinetuneConfig, train_data: Any) -> str:
 
 
 def finetune(config: FinetuneConfig, out_dir: str | Path, overwrite: bool = False,
-             progress: bool = True) -> dict[str, Any]:  # fmt: skip
-    """Fine-tune; returns the results (also written to ``out_dir/results.json``)."""
+             progress: bool = True,
+             prepared: Prepared | None = None) -> dict[str, Any]:  # fmt: skip
+    """Fine-tune; returns the results (also written to ``out_dir/results.json``).
+    ``prepared``: the run's pieces from ``prepare(config)``, when the caller already has them
+    (its model is the one trained)."""
     out = Path(out_dir)
     held = [p.name for p in (out / "metrics.jsonl", out / "model", out / CHECKPOINT) if p.exists()]
     if held and not overwrite:
         raise FileExistsError(f"{out} already holds a run ({', '.join(held)}): pass --overwrite "
                               "to replace it")  # fmt: skip
-    run = prepare(config, progress)
+    run = prepared or prepare(config, progress)
     tokenizer, train_data, dev, dev_f = run.tokenizer, run.train_data, run.dev, run.dev_f
     model, task, per_epoch, steps = run.model, run.task, run.per_epoch, run.steps
     tc = TrainConfig(out_dir=str(out), steps=steps, lr=config.lr,
@@ -256,7 +260,6 @@ def finetune(config: FinetuneConfig, out_dir: str | Path, overwrite: bool = Fals
                      device=config.device, max_seconds=config.max_seconds,
                      checkpoints=False)  # fmt: skip
     data = run.batches(config.batch_size, config.seed)
-
     if overwrite:
         for name in ("metrics.jsonl", CHECKPOINT, CHECKPOINT + ".prev", "results.json"):
             (out / name).unlink(missing_ok=True)
@@ -267,7 +270,7 @@ def finetune(config: FinetuneConfig, out_dir: str | Path, overwrite: bool = Fals
     key = main_metric(config, train_data)
 
     def evaluate(m, step: int) -> dict[str, float]:
-        result = _evaluate(task, m, dev, dev_f, config)
+        result = evaluate_dev(task, m, dev, dev_f, config)
         if not best or result[key] > best["metrics"][key]:
             best.update(step=step, metrics=result)
             m.save_pretrained(out / "best")  # the best model so far, kept
