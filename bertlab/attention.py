@@ -110,13 +110,20 @@ def packed_attention(
     # (training) the written-out equation's backward is the cheaper one.
     one = eager_attention if q.requires_grad else sdpa_attention
     qh, kh, vh = (t.transpose(0, 1)[None] for t in (q, k, v))  # (1, A, N, D) views
-    outs = []
+    # Without autograd each result is written straight into the output; with it, the pieces
+    # are joined by cat, which autograd can differentiate.
+    out = None if q.requires_grad else torch.empty_like(q)  # (N, A, D)
+    pieces = []
     start = 0
     for n in packing.lengths:
         s = slice(start, start + n)
-        outs.append(one(qh[:, :, s], kh[:, :, s], vh[:, :, s], None, dropout_p, False)[0][0])
+        o = one(qh[:, :, s], kh[:, :, s], vh[:, :, s], None, dropout_p, False)[0][0]  # (A, n, D)
+        if out is None:
+            pieces.append(o.transpose(0, 1))
+        else:
+            out[s] = o.transpose(0, 1)
         start += n
-    return torch.cat(outs, dim=1).transpose(0, 1), None
+    return (torch.cat(pieces) if out is None else out), None
 
 
 BACKENDS: dict[str, Kernel] = {

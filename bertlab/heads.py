@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import fused
 from .config import BertConfig
 from .model import (
     ACTIVATIONS,
@@ -47,10 +48,12 @@ class BertPredictionHeadTransform(nn.Module):
         super().__init__()
         self.dense = nn.Linear(hidden_size, hidden_size)
         self.transform_act_fn = ACTIVATIONS[hidden_act]()
+        self.hidden_act = hidden_act
         self.LayerNorm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., H)
-        return self.LayerNorm(self.transform_act_fn(self.dense(x)))
+        h = fused.linear_act(self.dense, x, self.hidden_act, self.transform_act_fn)
+        return self.LayerNorm(h)
 
 
 class BertLMPredictionHead(nn.Module):

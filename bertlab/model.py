@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import fused
 from .attention import BACKENDS, packed_attention
 from .config import ATTN_IMPLEMENTATIONS, BertConfig
 from .outputs import (
@@ -108,8 +109,9 @@ class BertSelfAttention(nn.Module):
         probs (B, A, T, T) or None. Packed: x (N, H), layout a Packing -> context (N, H)."""
         A, H = self.num_heads, x.shape[-1]
         p = self.dropout_p if self.training else 0.0
+        q, k, v = (fused.linear(layer, x) for layer in (self.query, self.key, self.value))
         if isinstance(layout, Packing):
-            q, k, v = (t.view(-1, A, H // A) for t in (self.query(x), self.key(x), self.value(x)))
+            q, k, v = (t.view(-1, A, H // A) for t in (q, k, v))
             context, _ = packed_attention(q, k, v, layout, p)
             return context.reshape(-1, H), None
         B, T, _ = x.shape
@@ -117,7 +119,7 @@ class BertSelfAttention(nn.Module):
         def heads(t: torch.Tensor) -> torch.Tensor:  # (B, T, H) -> (B, A, T, D)
             return t.view(B, T, A, H // A).transpose(1, 2)
 
-        q, k, v = heads(self.query(x)), heads(self.key(x)), heads(self.value(x))
+        q, k, v = heads(q), heads(k), heads(v)
         # A packed model asked for attention probabilities runs padded for that call.
         name = "sdpa" if self.attn_implementation == "packed" else self.attn_implementation
         context, probs = BACKENDS[name](q, k, v, layout, p, need_weights)
@@ -134,7 +136,9 @@ class BertSelfOutput(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, context: torch.Tensor, x: torch.Tensor) -> torch.Tensor:  # (B, T, H)
-        return self.LayerNorm(self.dropout(self.dense(context)).add_(x))
+        if self.training:
+            return self.LayerNorm(self.dropout(self.dense(context)).add_(x))
+        return self.LayerNorm(fused.linear_add(self.dense, context, x))
 
 
 class BertAttention(nn.Module):
@@ -173,7 +177,9 @@ class BertIntermediate(nn.Module):
         self.hidden_act = hidden_act
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, H) -> (B, T, I)
-        h = self.dense(x)
+        return fused.linear_act(self.dense, x, self.hidden_act, self.activate)
+
+    def activate(self, h: torch.Tensor) -> torch.Tensor:
         if h.requires_grad:
             return self.intermediate_act_fn(h)
         return ACTIVATIONS_INPLACE[self.hidden_act](h)
@@ -191,7 +197,9 @@ class BertOutput(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:  # (B,T,I),(B,T,H)->(B,T,H)
-        return self.LayerNorm(self.dropout(self.dense(h)).add_(x))
+        if self.training:
+            return self.LayerNorm(self.dropout(self.dense(h)).add_(x))
+        return self.LayerNorm(fused.linear_add(self.dense, h, x))
 
 
 # ============================================================================ layer, encoder
