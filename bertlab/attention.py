@@ -8,7 +8,8 @@ Padded kernels ("eager", "sdpa"):
     context: (B, A, T, D)  softmax(q k^T / sqrt(D) + mask) v
     probs:   (B, A, T, T)  the attention probabilities, or None when the kernel cannot give them
 The packed kernel ("packed"):
-    q, k, v: (N, A, D)     the real tokens only, sequence after sequence
+    q, k, v: (N, A, D)     the real tokens only, sequence after sequence (in bfloat16 CPU
+                           inference, then spare rows that no sequence reads: round_rows)
     layout:  a packing.Packing, which says where each sequence starts
     context: (N, A, D)     each sequence attends over its own tokens only; probs is None
 
@@ -112,7 +113,10 @@ def packed_attention(
     qh, kh, vh = (t.transpose(0, 1)[None] for t in (q, k, v))  # (1, A, N, D) views
     # Without autograd each result is written straight into the output; with it, the pieces
     # are joined by cat, which autograd can differentiate.
-    out = None if q.requires_grad else torch.empty_like(q)  # (N, A, D)
+    out = None
+    if not q.requires_grad:  # (N, A, D); rows past the last sequence (spare rows) are zeros
+        out = torch.empty_like(q)
+        out[packing.total :] = 0
     pieces = []
     start = 0
     for n in packing.lengths:

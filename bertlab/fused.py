@@ -12,9 +12,9 @@ of a bfloat16 forward pass (``bertlab bench variable``).
     linear_add(layer, x, other)    layer(x) + other   (the residual connection)
 
 Each runs the fused oneDNN operator when ``fusable`` says so (a CPU bfloat16 tensor, an
-nn.Linear, no gradient to record, not inside torch.compile, which fuses on its own) and the
-plain PyTorch ops otherwise, so results differ only by bfloat16 rounding: the fused form
-rounds once, after the activation or sum, where the plain one rounds before it too.
+nn.Linear without hooks, no gradient to record, not inside torch.compile, which fuses on its
+own) and the plain PyTorch ops otherwise, so results differ only by bfloat16 rounding: the
+fused form rounds once, after the activation or sum, where the plain one rounds before it too.
 """
 
 from __future__ import annotations
@@ -42,6 +42,18 @@ _ONEDNN_ACT = {
 }
 
 
+def shape_cached(x: torch.Tensor) -> bool:
+    """True when the products on ``x`` run as oneDNN kernels built and cached per shape (CPU
+    bfloat16, no gradient): then a packed batch rounds its token count (packing.round_rows)."""
+    return (
+        _AVAILABLE
+        and x.dtype == torch.bfloat16
+        and x.device.type == "cpu"
+        and not (torch.is_grad_enabled() and x.requires_grad)
+        and not torch.compiler.is_compiling()
+    )
+
+
 def fusable(layer: nn.Module, x: torch.Tensor) -> bool:
     """True when ``layer(x)`` may run as one fused oneDNN call."""
     return (
@@ -52,6 +64,18 @@ def fusable(layer: nn.Module, x: torch.Tensor) -> bool:
         and layer.weight.dtype == torch.bfloat16
         and not (torch.is_grad_enabled() and (x.requires_grad or layer.weight.requires_grad))
         and not torch.compiler.is_compiling()
+        and not _hooked(layer)
+    )
+
+
+def _hooked(layer: nn.Module) -> bool:
+    """A hook on the layer (or on every module) must see the call, so it runs as a module."""
+    m = nn.modules.module
+    return bool(
+        layer._forward_hooks
+        or layer._forward_pre_hooks
+        or m._global_forward_hooks
+        or m._global_forward_pre_hooks
     )
 
 

@@ -28,7 +28,7 @@ from .config import ATTN_IMPLEMENTATIONS, BertConfig
 from .outputs import (
     BaseModelOutputWithPooling,
 )
-from .packing import Packing, check_rows
+from .packing import Packing, check_rows, round_rows
 
 ACTIVATIONS = {
     "gelu": lambda: nn.GELU(),  # exact, with erf: what BERT uses
@@ -482,6 +482,8 @@ class BertModel(BertPreTrainedModel):
             ids = None if input_ids is None else packing.unpad(input_ids)
             embeds = None if inputs_embeds is None else packing.unpad(inputs_embeds)
             x = self.embeddings(ids, types, positions, embeds)  # (N, H)
+            if not packing.dense and fused.shape_cached(x):  # spare rows, computed, never read
+                x = F.pad(x, (0, 0, 0, round_rows(packing.total) - packing.total))
             layout: Layout = packing
         else:
             packing = None
@@ -495,6 +497,9 @@ class BertModel(BertPreTrainedModel):
         x, hidden_states, attentions = self.encoder(
             x, layout, output_hidden_states, output_attentions
         )
+        if packing is not None and x.shape[0] > packing.total:  # drop the spare rows
+            x = x[: packing.total]
+            hidden_states = hidden_states and tuple(h[: packing.total] for h in hidden_states)
         pooled = None
         if self.pooler is not None:
             pooled = self.pooler(x if packing is None else packing.first_tokens(x))

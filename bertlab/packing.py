@@ -16,6 +16,17 @@ from dataclasses import dataclass
 import torch
 
 
+def round_rows(n: int) -> int:
+    """n rounded up to a multiple of 2**(bit length of n - 5), and of 8: at most n/16 more, or 7.
+
+    oneDNN builds (and caches) a kernel for each matrix shape it sees, about 10 ms each on the
+    project's CPU; packed batches have a new token count almost every time. Rounded, the
+    counts fall on 16 shapes per doubling, so a long run soon meets only shapes it has built.
+    """
+    step = max(8, 1 << max(n.bit_length() - 5, 0))
+    return -(-n // step) * step
+
+
 def check_rows(mask: torch.Tensor) -> None:
     """mask (B, T) bool: refuse a row without a single token (every kernel calls this)."""
     empty = (~mask.any(1)).nonzero()

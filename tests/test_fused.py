@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bertlab import BertConfig, BertForMaskedLM, fused
+from bertlab import BertConfig, BertForMaskedLM, BertModel, fused
+from bertlab.packing import round_rows
 
 needs_onednn = pytest.mark.skipif(
     not fused._AVAILABLE, reason="this PyTorch or CPU has no oneDNN bfloat16 fused linear"
@@ -89,6 +90,18 @@ def test_plain_layers_run_when_a_gradient_is_recorded_or_the_dtype_is_not_bfloat
         assert torch.equal(fused.linear_add(layer32, x32, other), layer32(x32) + other)
 
 
+def test_a_hook_on_a_layer_still_sees_every_call(monkeypatch):
+    monkeypatch.setattr(fused, "_linear_pointwise", None)  # would fail if called
+    layer, x = layer_and_input()
+    seen = []
+    layer.register_forward_hook(lambda mod, inp, out: seen.append(out.shape))
+    with torch.inference_mode():
+        fused.linear(layer, x)
+        fused.linear_act(layer, x, "gelu", F.gelu)
+        fused.linear_add(layer, x, torch.zeros(3, 7, 80, dtype=torch.bfloat16))
+    assert seen == [(3, 7, 80)] * 3
+
+
 @needs_onednn
 @pytest.mark.parametrize("kernel", ["packed", "sdpa"])
 def test_a_bfloat16_model_with_fused_layers_is_as_close_to_float32_as_without(kernel, monkeypatch):
@@ -111,3 +124,50 @@ def test_a_bfloat16_model_with_fused_layers_is_as_close_to_float32_as_without(ke
     plain_err = (plain - want)[real].abs()
     assert not torch.equal(got, plain)  # the two paths really differ
     assert fused_err.max() < 0.1 and fused_err.mean() <= 1.2 * plain_err.mean()
+
+
+def test_round_rows_adds_at_most_a_sixteenth_or_7_rows_and_makes_few_shapes():
+    for n in [1, 7, 8, 9, 31, 130, 255, 256, 257, 5005, 8191, 100_000]:
+        r = round_rows(n)
+        assert 0 <= r - n < max(8, n / 16), (n, r)
+        assert r % 8 == 0
+        assert round_rows(r) == r  # a rounded count stays put
+    assert len({round_rows(n) for n in range(4097, 8193)}) == 16  # 16 shapes per doubling
+
+
+@needs_onednn
+def test_spare_rows_never_reach_an_output(monkeypatch):
+    """A packed bfloat16 batch runs with spare rows past its last token (oneDNN meets fewer
+    shapes); the outputs, hidden states and [CLS] vectors are those of the plain run."""
+    cfg = BertConfig(vocab_size=99, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=128, max_position_embeddings=64)  # fmt: skip
+    torch.manual_seed(0)
+    model = BertModel(cfg).eval().to(torch.bfloat16)
+    ids = torch.randint(1, 99, (3, 40))
+    mask = torch.ones_like(ids)
+    mask[0, 33:] = 0
+    mask[2, 5:] = 0  # 33 + 40 + 5 = 78 tokens, run as round_rows(78) = 80 rows
+    assert round_rows(78) > 78
+    seen = []
+    monkeypatch.setattr(torch.nn.functional, "layer_norm", _spy(F.layer_norm, seen))
+    with torch.inference_mode():
+        got = model(ids, mask, output_hidden_states=True)
+        rows = [t.shape[0] for t in seen]
+        monkeypatch.setattr(fused, "shape_cached", lambda x: False)
+        want = model(ids, mask, output_hidden_states=True)
+    assert rows == [78] + [80] * 4  # the embeddings' LayerNorm, then two per layer
+    assert got.last_hidden_state.shape == want.last_hidden_state.shape == (3, 40, 64)
+    pad = ~mask.bool()
+    assert (got.last_hidden_state[pad] == 0).all()
+    torch.testing.assert_close(got.last_hidden_state, want.last_hidden_state, rtol=0, atol=0)
+    torch.testing.assert_close(got.pooler_output, want.pooler_output, rtol=0, atol=0)
+    for g, w in zip(got.hidden_states, want.hidden_states, strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
+def _spy(fn, seen):
+    def wrapped(x, *args, **kwargs):
+        seen.append(x)
+        return fn(x, *args, **kwargs)
+
+    return wrapped
