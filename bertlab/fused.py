@@ -57,13 +57,10 @@ def shape_cached(x: torch.Tensor) -> bool:
 def fusable(layer: nn.Module, x: torch.Tensor) -> bool:
     """True when ``layer(x)`` may run as one fused oneDNN call."""
     return (
-        _AVAILABLE
-        and x.dtype == torch.bfloat16
-        and x.device.type == "cpu"
+        shape_cached(x)
         and type(layer) is nn.Linear
         and layer.weight.dtype == torch.bfloat16
-        and not (torch.is_grad_enabled() and (x.requires_grad or layer.weight.requires_grad))
-        and not torch.compiler.is_compiling()
+        and not (torch.is_grad_enabled() and layer.weight.requires_grad)
         and not _hooked(layer)
     )
 

@@ -499,7 +499,8 @@ class BertModel(BertPreTrainedModel):
         )
         if packing is not None and x.shape[0] > packing.total:  # drop the spare rows
             x = x[: packing.total]
-            hidden_states = hidden_states and tuple(h[: packing.total] for h in hidden_states)
+            if hidden_states is not None:
+                hidden_states = tuple(h[: packing.total] for h in hidden_states)
         pooled = None
         if self.pooler is not None:
             pooled = self.pooler(x if packing is None else packing.first_tokens(x))
