@@ -1,6 +1,7 @@
 """The fused oneDNN linear layers of bfloat16 CPU inference (bertlab/fused.py): they compute
 the same function as the plain layers, round once instead of twice, and step aside whenever a
-gradient is recorded or the input is not CPU bfloat16."""
+gradient is recorded or the input is not CPU bfloat16. Also the other inference-only paths:
+spare rows (packing.round_rows) and the feed-forward network in row chunks."""
 
 import pytest
 import torch
@@ -172,3 +173,66 @@ def _spy(fn, seen):
         return fn(x, *args, **kwargs)
 
     return wrapped
+
+
+# ======================================================= the feed-forward network in row chunks
+def _ffn_model(dtype):
+    cfg = BertConfig(vocab_size=99, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=128, max_position_embeddings=64)  # fmt: skip
+    torch.manual_seed(0)
+    model = BertModel(cfg).eval().to(dtype)
+    ids = torch.randint(1, 99, (3, 40))
+    mask = torch.ones_like(ids)
+    mask[0, 33:] = 0
+    mask[2, 5:] = 0  # 78 tokens
+    return model, ids, mask
+
+
+def _chunk_rows(monkeypatch, rows, dtype):
+    """Make every intermediate count as large, chunked ``rows`` rows at a time."""
+    width = 128 * torch.tensor([], dtype=dtype).element_size()
+    monkeypatch.setattr(bertlab.model, "FFN_CHUNK_ABOVE", 0)
+    monkeypatch.setattr(bertlab.model, "FFN_CHUNK_BYTES", rows * width)
+    seen = []
+    forward = bertlab.model.BertIntermediate.forward
+
+    def spy(self, x):
+        seen.append(x.shape[0])
+        return forward(self, x)
+
+    monkeypatch.setattr(bertlab.model.BertIntermediate, "forward", spy)
+    return seen
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_feed_forward_in_row_chunks_gives_the_same_outputs(dtype, monkeypatch):
+    model, ids, mask = _ffn_model(dtype)
+    with torch.inference_mode():
+        want = model(ids, mask, output_hidden_states=True)
+        rows = round_rows(78) if fused.shape_cached(want.last_hidden_state) else 78
+        seen = _chunk_rows(monkeypatch, 16, dtype)
+        got = model(ids, mask, output_hidden_states=True)
+    per_layer = [16] * (rows // 16) + ([rows % 16] if rows % 16 else [])
+    assert seen == per_layer * 2  # two layers, each through its chunks
+    # Each row's arithmetic is its own: the same up to how the library splits a product.
+    tol = 1e-6 if dtype == torch.float32 else BF16_STEP
+    for g, w in zip(got.hidden_states, want.hidden_states, strict=True):
+        torch.testing.assert_close(g.float(), w.float(), rtol=tol, atol=tol)
+    torch.testing.assert_close(got.pooler_output.float(), want.pooler_output.float(),
+                               rtol=tol, atol=tol)  # fmt: skip
+
+
+def test_feed_forward_runs_whole_under_autograd_or_a_hook(monkeypatch):
+    model, ids, mask = _ffn_model(torch.float32)
+    seen = _chunk_rows(monkeypatch, 16, torch.float32)
+    model(ids, mask).last_hidden_state.sum().backward()  # gradients recorded: no chunks
+    assert seen == [78, 78]
+    assert model.encoder.layer[0].intermediate.dense.weight.grad is not None
+    seen.clear()
+    calls = []
+    hook = model.encoder.layer[1].output.register_forward_hook(lambda m, i, o: calls.append(o))
+    with torch.inference_mode():
+        model(ids, mask)
+    hook.remove()
+    assert seen == [16] * 4 + [14] + [78]  # layer 0 in chunks; layer 1, hooked, whole
+    assert [c.shape[0] for c in calls] == [78]  # the hook saw every row in one call

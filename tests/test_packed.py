@@ -633,6 +633,64 @@ def test_unpad_pad_round_trip_and_first_tokens():
     assert torch.equal(d.first_tokens(d.unpad(x)), x[:, 0])
 
 
+def windows_for(lengths, rows=None, dtype=torch.float32):
+    mask = torch.zeros(len(lengths), max(lengths), dtype=torch.long)
+    for b, n in enumerate(lengths):
+        mask[b, :n] = 1
+    p = Packing.from_mask(mask, len(lengths), max(lengths), "cpu")
+    return p, p.windows(rows or p.total, dtype, "cpu")
+
+
+def test_attention_windows_hold_each_sequence_and_mask_out_the_rest():
+    lengths = (16, 127, 1, 33, 5)
+    p_rows = sum(lengths) + 3  # 3 spare rows at the end
+    p, plan = windows_for(lengths, rows=p_rows)
+    assert [(w.start, w.n) for w in plan] == [(0, 16), (16, 127), (143, 1), (144, 33), (177, 5)]
+    for w in plan:
+        assert w.width == -(-w.n // 16) * 16  # rounded up to a multiple of 16
+        assert 0 <= w.first <= w.start and w.first + w.width <= p_rows
+        assert w.own == w.start - w.first
+        if w.width == w.n:
+            assert w.mask is None  # already a multiple: its own rows, no mask
+            continue
+        assert w.mask.shape == (1, 1, 1, w.width) and w.mask.dtype == torch.float32
+        own = torch.zeros(w.width, dtype=torch.bool)
+        own[w.own : w.own + w.n] = True
+        assert (w.mask.flatten()[own] == 0).all()
+        assert (w.mask.flatten()[~own] == float("-inf")).all()
+    # The last sequence cannot look ahead past row 185: its window moves back.
+    assert plan[-1].first + plan[-1].width == p_rows and plan[-1].first < plan[-1].start
+    assert plan[1].first == 16  # the others look ahead, into the next sequence
+    # One plan per (rows, dtype, device), shared by every layer; masks in the dtype asked for.
+    assert p.windows(p_rows, torch.float32, "cpu") is plan
+    assert p.windows(p_rows, torch.bfloat16, "cpu")[1].mask.dtype == torch.bfloat16
+    # A window that would not fit in the tensor: the sequence's own rows.
+    p, plan = windows_for((5,))
+    assert (plan[0].first, plan[0].width, plan[0].mask) == (0, 5, None)
+
+
+def test_windowed_attention_is_each_sequence_alone_whatever_its_neighbours_hold():
+    lengths = (16, 127, 1, 33, 5, 70)
+    p, plan = windows_for(lengths)
+    assert any(w.mask is not None and w.first != w.start for w in plan)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(p.total, 4, 8, generator=g) for _ in range(3))
+    with torch.no_grad():
+        out, _ = bertlab.attention.packed_attention(q, k, v, p, 0.0)
+        starts = [0, *torch.tensor(lengths).cumsum(0).tolist()]
+        for b, (s, e) in enumerate(zip(starts[:-1], starts[1:], strict=True)):
+            heads = [t[s:e].transpose(0, 1)[None] for t in (q, k, v)]  # (1, A, n, D)
+            alone = torch.nn.functional.scaled_dot_product_attention(*heads)[0].transpose(0, 1)
+            assert_close(out[s:e], alone, f"sequence {b}", atol=1e-6)
+            # Scale every other sequence's rows by 100: this sequence's result is bit-identical.
+            loud = [t.clone() for t in (q, k, v)]
+            for t in loud:
+                t[:s] *= 100
+                t[e:] *= 100
+            again, _ = bertlab.attention.packed_attention(*loud, p, 0.0)
+            assert torch.equal(again[s:e], out[s:e]), f"sequence {b} saw its neighbours"
+
+
 # ================================================================================ 5. attentions
 def test_output_attentions_runs_padded_and_equals_eager(packed_calls):
     eager = make_model(bertlab.BertModel, attn="eager")
