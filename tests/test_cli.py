@@ -129,6 +129,10 @@ def test_bench_model_workloads_report_and_chart(capsys, tmp_path):
     for r in report["results"]:
         assert r["ratio"] > 0 and set(r["peak_memory_mb"]) == {"bertlab", "transformers"}
         assert 0 < r["useful_share_of_matmul"]["bertlab"]
+        # The matrix-product rate is timed among the runs, as often as each side.
+        assert set(r["seconds"]) == {"bertlab", "transformers"}
+        assert len(r["matmul_seconds"]) == len(r["seconds"]["bertlab"]) == 1
+        assert r["matmul_tflops"] * 1e12 == pytest.approx(2 * 2048**3 / r["matmul_seconds"][0])
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     from bertlab.bench import markdown_table
 
