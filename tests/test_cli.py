@@ -140,6 +140,16 @@ def test_bench_model_workloads_report_and_chart(capsys, tmp_path):
     assert len(table) == 2 + len(report["results"]) and "| tiny | variable | float32 |" in table[2]
 
 
+def test_alternate_turns_the_order_every_round():
+    from bertlab.bench import alternate
+
+    calls = []
+    runs = {name: (lambda name=name: calls.append(name)) for name in "abc"}
+    times = alternate(runs, repeats=3, warmup=1)
+    assert "".join(calls) == "abc" + "abc" + "bca" + "cab"  # warm-up, then each round turned
+    assert {k: len(v) for k, v in times.items()} == {"a": 3, "b": 3, "c": 3}
+
+
 def test_bench_unknown_workload_is_named(capsys):
     code, _, err = run(capsys, "bench", "warp-speed")
     assert code == 2 and "warp-speed" in err
