@@ -104,9 +104,10 @@ class Packing:
         ``align`` rows: its own tokens and the next sequence's first ones (where the packed
         tensor ends first, the window moves back over the previous sequence's last ones), the
         borrowed keys shut out by an additive mask of -inf, the borrowed queries' results
-        dropped. A sequence
-        whose length is already a multiple, or that the tensor cannot surround, reads just
-        its own rows, without a mask. Computed once per batch and shared by every layer."""
+        dropped (so a neighbour's rows could only reach a sequence if they held inf or NaN).
+        A sequence whose length is already a multiple, or that the tensor cannot surround,
+        reads just its own rows, without a mask. Computed once per batch, shared by every
+        layer."""
         key = (rows, dtype, str(device), align)
         if key not in self._windows:
             plan, start = [], 0
