@@ -242,11 +242,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         bench_int8,
         bench_model,
         bench_tokenizer,
+        check_counts,
         machine,
         plot,
         tokenizer_texts,
     )
 
+    check_counts(repeats=args.repeats, draws=args.draws, threads=args.threads)
     if args.workloads == ["pretrain"]:
         return _bench_pretrain(args)
     if args.workloads[:1] == ["finetune"]:
@@ -290,7 +292,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
             for dtype in args.dtypes.split(","):
                 if not report["results"]:
                     print(header)
-                r = bench_model(model, workload, dtype, args.repeats, device, args.kernel)
+                r = bench_model(
+                    model, workload, dtype, args.repeats, device, args.kernel, args.draws
+                )
                 report["results"].append(r)
                 t, p, u = r["tokens_per_s"], r["peak_memory_mb"], r["useful_share_of_matmul"]
                 print(f"{model:<9}{workload:<10}{dtype:<10}{t['bertlab']:>14,.0f}"
@@ -370,6 +374,7 @@ def _bench_finetune(args: argparse.Namespace) -> int:
 
 # ============================================================================ main
 def build_parser() -> argparse.ArgumentParser:
+    from .bench import DRAWS
     from .summary import HEADS
 
     p = argparse.ArgumentParser(prog="bertlab", description="A complete BERT in PyTorch.")
@@ -460,6 +465,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--threads", type=int, help="torch threads for both sides")
     bench.add_argument("--data", help="shared data folder (default: ../shared/data if present)")
     bench.add_argument("--repeats", type=int, default=5)
+    bench.add_argument("--draws", type=int, default=DRAWS,
+                       help="batches of drawn lengths in each run of the variable workload "
+                       f"(seeds 0 to N-1; default {DRAWS})")  # fmt: skip
     bench.add_argument("--out", help="write the JSON report here")
     bench.add_argument("--plot", help="write a bar chart of the ratios here (PNG)")
     pre = bench.add_argument_group("bench pretrain")

@@ -112,7 +112,8 @@ def test_bench_model_workloads_report_and_chart(capsys, tmp_path):
     """Two workloads on the tiny preset, one repeat: the report holds both sides for each,
     useful FLOPs are counted on real tokens only, and the chart is written."""
     out_file, chart = tmp_path / "r.json", tmp_path / "r.png"
-    args = ["variable", "train", "--models", "tiny", "--dtypes", "float32", "--repeats", "1"]
+    args = ["variable", "train", "--models", "tiny", "--dtypes", "float32", "--repeats", "1",
+            "--draws", "2"]  # fmt: skip
     code, out, _ = run(capsys, "bench", *args, "--out", str(out_file), "--plot", str(chart))
     assert code == 0 and "variable" in out and "train" in out
     import json
@@ -124,8 +125,14 @@ def test_bench_model_workloads_report_and_chart(capsys, tmp_path):
     assert variable["real_tokens"] < variable["padded_tokens"]  # lengths 16..256, padded
     assert train["real_tokens"] == train["padded_tokens"] == 32 * 128
     from bertlab import BertConfig
+    from bertlab.bench import make_batch
 
     tiny = BertConfig.preset("tiny")
+    # Drawn lengths: each run goes through two batches (seeds 0 and 1); a fixed workload, one.
+    assert (variable["batches"], train["batches"]) == (2, 1)
+    drawn = [make_batch(tiny, "variable", seed)["attention_mask"] for seed in (0, 1)]
+    assert variable["real_tokens"] == sum(int(m.sum()) for m in drawn)
+    assert variable["padded_tokens"] == sum(m.numel() for m in drawn)
     assert model_flops(tiny, [128] * 32, True) == 3 * model_flops(tiny, [128] * 32, False)
     for r in report["results"]:
         assert r["ratio"] > 0 and set(r["peak_memory_mb"]) == {"bertlab", "transformers"}
@@ -157,6 +164,14 @@ def test_alternate_turns_the_order_every_round():
 def test_bench_unknown_workload_is_named(capsys):
     code, _, err = run(capsys, "bench", "warp-speed")
     assert code == 2 and "warp-speed" in err
+
+
+@pytest.mark.parametrize("option", ["--repeats", "--draws", "--threads"])
+def test_bench_counts_below_one_are_refused_before_any_run(capsys, tmp_path, option):
+    out_file = tmp_path / "r.json"
+    code, out, err = run(capsys, "bench", "tokenizer", option, "0", "--out", str(out_file))
+    assert code == 2 and f"{option[2:]} must be at least 1; got 0" in err
+    assert "tokens/s" not in out and not out_file.exists()
 
 
 def test_prepare_command_writes_a_corpus_the_dataset_reads(capsys, tmp_path):
