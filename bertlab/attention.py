@@ -71,6 +71,17 @@ def sdpa_attention(
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p), None
 
 
+def varlen_ok(q: torch.Tensor, dropout_p: float) -> bool:
+    """True when PyTorch's variable-length flash kernel can take the packed batch in one call:
+    CUDA, half precision, no dropout (the kernel has none)."""
+    return (
+        varlen_attn is not None
+        and q.is_cuda
+        and q.dtype in (torch.float16, torch.bfloat16)
+        and dropout_p == 0.0
+    )
+
+
 def packed_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -101,12 +112,7 @@ def packed_attention(
 
         out = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), dropout_p=dropout_p)
         return out.transpose(1, 2).reshape(N, A, D), None
-    if (
-        varlen_attn is not None
-        and q.is_cuda
-        and q.dtype in (torch.float16, torch.bfloat16)
-        and dropout_p == 0.0
-    ):
+    if varlen_ok(q, dropout_p):
         cu, m = packing.cu_seqlens, packing.max_seqlen
         return varlen_attn(q, k, v, cu, cu, m, m), None
     qh, kh, vh = (t.transpose(0, 1)[None] for t in (q, k, v))  # (1, A, N, D) views

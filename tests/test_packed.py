@@ -691,6 +691,50 @@ def test_windowed_attention_is_each_sequence_alone_whatever_its_neighbours_hold(
             assert torch.equal(again[s:e], out[s:e]), f"sequence {b} saw its neighbours"
 
 
+def test_varlen_kernel_gets_the_packing_and_its_result_is_returned(monkeypatch):
+    """On CUDA in half precision the packed batch goes to PyTorch's variable-length kernel in
+    one call. CI has no GPU, so a stand-in kernel (each sequence alone through SDPA, found
+    from the offsets it is given) checks the call: the packed q, k, v, the Packing's offsets
+    and longest length, and its output returned as the context."""
+    lengths = (16, 127, 1, 33)
+    p, _ = windows_for(lengths)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(p.total, 4, 8, generator=g) for _ in range(3))
+    calls = []
+
+    def stand_in(q, k, v, cu_q, cu_k, max_q, max_k):
+        calls.append((cu_q, cu_k, max_q, max_k))
+        out = torch.empty_like(q)
+        for s, e in zip(cu_q[:-1].tolist(), cu_q[1:].tolist(), strict=True):
+            heads = [t[s:e].transpose(0, 1)[None] for t in (q, k, v)]
+            out[s:e] = torch.nn.functional.scaled_dot_product_attention(*heads)[0].transpose(0, 1)
+        return out
+
+    monkeypatch.setattr(bertlab.attention, "varlen_attn", stand_in)
+    monkeypatch.setattr(bertlab.attention, "varlen_ok", lambda q, dropout_p: True)
+    with torch.no_grad():
+        out, _ = bertlab.attention.packed_attention(q, k, v, p, 0.0)
+    assert len(calls) == 1
+    cu_q, cu_k, max_q, max_k = calls[0]
+    assert cu_q is p.cu_seqlens and cu_k is p.cu_seqlens and cu_q.dtype == torch.int32
+    assert cu_q.tolist() == [0, 16, 143, 144, 177] and max_q == max_k == 127
+    monkeypatch.undo()  # the CPU path, per sequence through its windows: the same result
+    with torch.no_grad():
+        assert_close(out, bertlab.attention.packed_attention(q, k, v, p, 0.0)[0], "varlen", 1e-6)
+
+
+def test_varlen_kernel_only_where_it_can_run():
+    half = torch.zeros(4, 2, 8, dtype=torch.bfloat16)
+    # A CPU tensor, float32, or dropout: the per-sequence path.
+    assert not bertlab.attention.varlen_ok(half, 0.0)
+    assert not bertlab.attention.varlen_ok(half.float(), 0.0)
+    if torch.cuda.is_available():  # pragma: no cover - CI has no GPU
+        cuda = half.cuda()
+        assert bertlab.attention.varlen_ok(cuda, 0.0) == (bertlab.attention.varlen_attn is not None)
+        assert not bertlab.attention.varlen_ok(cuda, 0.1)
+        assert not bertlab.attention.varlen_ok(cuda.float(), 0.0)
+
+
 # ================================================================================ 5. attentions
 def test_output_attentions_runs_padded_and_equals_eager(packed_calls):
     eager = make_model(bertlab.BertModel, attn="eager")
