@@ -725,7 +725,7 @@ def test_varlen_kernel_gets_the_packing_and_its_result_is_returned(monkeypatch):
 
 def test_varlen_kernel_only_where_it_can_run():
     half = torch.zeros(4, 2, 8, dtype=torch.bfloat16)
-    # A CPU tensor, float32, or dropout: the per-sequence path.
+    # On the CPU, in any dtype: the per-sequence path (on CUDA, also float32 or dropout).
     assert not bertlab.attention.varlen_ok(half, 0.0)
     assert not bertlab.attention.varlen_ok(half.float(), 0.0)
     if torch.cuda.is_available():  # pragma: no cover - CI has no GPU
