@@ -1,8 +1,8 @@
 """bertlab: a complete BERT in PyTorch, exact to the reference, readable, fast."""
 
-from .checkpoint import LoadingInfo, bundled_model_dir, read_state_dict
-from .config import BertConfig
-from .heads import (
+from bertlab.io.checkpoint import LoadingInfo, bundled_model_dir, read_state_dict
+from bertlab.nn.config import BertConfig
+from bertlab.nn.heads import (
     BertForMaskedLM,
     BertForMultipleChoice,
     BertForNextSentencePrediction,
@@ -11,8 +11,8 @@ from .heads import (
     BertForSequenceClassification,
     BertForTokenClassification,
 )
-from .model import BertModel, BertPreTrainedModel
-from .tokenizer import BertTokenizer, train_vocab
+from bertlab.nn.model import BertModel, BertPreTrainedModel
+from bertlab.tokenizer import BertTokenizer, train_vocab
 
 __version__ = "0.1.0"
 

@@ -195,12 +195,21 @@ def conlleval(gold: Sequence[Sequence[str]], pred: Sequence[Sequence[str]]) -> d
         prec = c["correct"] / c["predicted"] if c["predicted"] else 0.0
         rec = c["correct"] / c["gold"] if c["gold"] else 0.0
         f = 2 * prec * rec / (prec + rec) if prec + rec else 0.0
-        return {"precision": prec, "recall": rec, "f1": f, "gold": c["gold"],
-                "predicted": c["predicted"], "correct": c["correct"]}  # fmt: skip
+        return {
+            "precision": prec,
+            "recall": rec,
+            "f1": f,
+            "gold": c["gold"],
+            "predicted": c["predicted"],
+            "correct": c["correct"],
+        }
 
     total = sum(counts.values(), Counter())
-    return {**scores(total), "accuracy": right / tokens if tokens else 0.0,
-            "per_type": {k: scores(counts[k]) for k in sorted(counts)}}  # fmt: skip
+    return {
+        **scores(total),
+        "accuracy": right / tokens if tokens else 0.0,
+        "per_type": {k: scores(counts[k]) for k in sorted(counts)},
+    }
 
 
 def format_conlleval(result: Mapping[str, Any]) -> str:
@@ -213,8 +222,10 @@ def format_conlleval(result: Mapping[str, Any]) -> str:
     ]
     rows = [("overall", result), *result["per_type"].items()]
     for name, r in rows:
-        lines.append(f"{name:<10}{100 * r['precision']:>10.2f}{100 * r['recall']:>10.2f}"
-                     f"{100 * r['f1']:>10.2f}{r['gold']:>8}{r['predicted']:>10}")  # fmt: skip
+        lines.append(
+            f"{name:<10}{100 * r['precision']:>10.2f}{100 * r['recall']:>10.2f}"
+            f"{100 * r['f1']:>10.2f}{r['gold']:>8}{r['predicted']:>10}"
+        )
     return "\n".join(lines)
 
 
@@ -263,8 +274,11 @@ def squad(predictions: Mapping[str, str], answers: Mapping[str, Sequence[str]]) 
         raise ValueError("no questions to score")
     em = {q: _best(exact_match, predictions[q], a) for q, a in answers.items()}
     f = {q: _best(token_f1, predictions[q], a) for q, a in answers.items()}
-    result = {"exact_match": sum(em.values()) / len(em), "f1": sum(f.values()) / len(f),
-              "total": len(answers)}  # fmt: skip
+    result = {
+        "exact_match": sum(em.values()) / len(em),
+        "f1": sum(f.values()) / len(f),
+        "total": len(answers),
+    }
     has = [q for q, a in answers.items() if a]
     if len(has) < len(answers):
         no = [q for q, a in answers.items() if not a]
@@ -300,7 +314,8 @@ def best_no_answer_threshold(
     return threshold, best / len(answers)
 
 
-def apply_no_answer_threshold(predictions: Mapping[str, str], no_answer_prob: Mapping[str, float],
-                              threshold: float) -> dict[str, str]:  # fmt: skip
+def apply_no_answer_threshold(
+    predictions: Mapping[str, str], no_answer_prob: Mapping[str, float], threshold: float
+) -> dict[str, str]:
     """Predictions with "" (no answer) wherever the no-answer probability exceeds threshold."""
     return {q: ("" if no_answer_prob[q] > threshold else p) for q, p in predictions.items()}

@@ -20,17 +20,17 @@ from typing import Any
 
 import torch
 
-from .checkpoint import resolve_model_dir
-from .data.batch import pad
-from .heads import (
+from bertlab.data.batch import pad
+from bertlab.io.checkpoint import resolve_model_dir
+from bertlab.metrics import conll_entities, to_iob2
+from bertlab.nn.heads import (
     BertForMaskedLM,
     BertForQuestionAnswering,
     BertForSequenceClassification,
     BertForTokenClassification,
 )
-from .metrics import conll_entities, to_iob2
-from .model import BertModel
-from .tokenizer import BertTokenizer
+from bertlab.nn.model import BertModel
+from bertlab.tokenizer import BertTokenizer
 
 
 def _batches(items: list, size: int):
@@ -48,8 +48,9 @@ class Pipeline:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.directory = resolve_model_dir(model)
         self.tokenizer = BertTokenizer.from_pretrained(self.directory)
-        self.model, info = self.model_class.from_pretrained(self.directory,
-                                                            output_loading_info=True)  # fmt: skip
+        self.model, info = self.model_class.from_pretrained(
+            self.directory, output_loading_info=True
+        )
         missing = [k for k in info.missing_keys if k.startswith(self.needs)] if self.needs else []
         if missing:
             raise ValueError(
@@ -71,8 +72,10 @@ class Pipeline:
 
 
 def _features(enc: Any) -> list[dict[str, list[int]]]:
-    return [{"input_ids": i, "token_type_ids": t}
-            for i, t in zip(enc["input_ids"], enc["token_type_ids"], strict=True)]  # fmt: skip
+    return [
+        {"input_ids": i, "token_type_ids": t}
+        for i, t in zip(enc["input_ids"], enc["token_type_ids"], strict=True)
+    ]
 
 
 def _texts(texts: str | list[str]) -> tuple[list[str], bool]:
@@ -89,8 +92,9 @@ class EmbedPipeline(Pipeline):
 
     task = "embed"
 
-    def __call__(self, texts: str | list[str], pooling: str = "mean",
-                 normalize: bool = True) -> torch.Tensor:  # fmt: skip
+    def __call__(
+        self, texts: str | list[str], pooling: str = "mean", normalize: bool = True
+    ) -> torch.Tensor:
         if pooling not in ("mean", "cls"):
             raise ValueError(f"pooling {pooling!r} is not 'mean' or 'cls'")
         items, single = _texts(texts)
@@ -117,8 +121,9 @@ class ClassifyPipeline(Pipeline):
     model_class = BertForSequenceClassification
     needs = ("classifier.",)
 
-    def __call__(self, texts: str | list[str], pairs: str | list[str] | None = None,
-                 top_k: int | None = 1) -> list:  # fmt: skip
+    def __call__(
+        self, texts: str | list[str], pairs: str | list[str] | None = None, top_k: int | None = 1
+    ) -> list:
         items, single = _texts(texts)
         pair_items = None if pairs is None else _texts(pairs)[0]
         if pair_items is not None and len(pair_items) != len(items):
@@ -167,8 +172,12 @@ class TagPipeline(Pipeline):
                         continue
                     if w not in words:
                         best = int(probs[r, p].argmax())
-                        words[w] = {"label": names[best], "score": float(probs[r, p, best]),
-                                    "start": offsets[p][0], "end": offsets[p][1]}  # fmt: skip
+                        words[w] = {
+                            "label": names[best],
+                            "score": float(probs[r, p, best]),
+                            "start": offsets[p][0],
+                            "end": offsets[p][1],
+                        }
                     words[w]["end"] = offsets[p][1]  # the word's later pieces extend it
                 order = sorted(words)
                 tags = to_iob2([words[w]["label"] for w in order])
@@ -177,8 +186,9 @@ class TagPipeline(Pipeline):
                     span = [words[order[i]] for i in range(first, last + 1)]
                     a, b = span[0]["start"], span[-1]["end"]
                     score = sum(s["score"] for s in span) / len(span)
-                    entities.append({"entity": kind, "text": text[a:b], "start": a, "end": b,
-                                     "score": score})  # fmt: skip
+                    entities.append(
+                        {"entity": kind, "text": text[a:b], "start": a, "end": b, "score": score}
+                    )
                 results.append(entities)
         return results[0] if single else results
 
@@ -192,17 +202,30 @@ class AnswerPipeline(Pipeline):
     model_class = BertForQuestionAnswering
     needs = ("qa_outputs.",)
 
-    def __call__(self, question: str, context: str, top_k: int = 1, max_answer_length: int = 30,
-                 max_length: int = 384, doc_stride: int = 128, max_query_length: int = 64,
-                 allow_no_answer: bool = False) -> dict | list[dict]:  # fmt: skip
-        from .data.squad import SquadData, SquadExample, best_answers, encode_squad
+    def __call__(
+        self,
+        question: str,
+        context: str,
+        top_k: int = 1,
+        max_answer_length: int = 30,
+        max_length: int = 384,
+        doc_stride: int = 128,
+        max_query_length: int = 64,
+        allow_no_answer: bool = False,
+    ) -> dict | list[dict]:
+        from bertlab.data.squad import SquadData, SquadExample, best_answers, encode_squad
 
         if not question.strip():
             raise ValueError("the question is empty")
         data = SquadData([SquadExample("q", "", question, context, [], None, None)], "1.1", "")
-        features = encode_squad(self.tokenizer, data, max_length=max_length,
-                                doc_stride=doc_stride, max_query_length=max_query_length,
-                                training=False)  # fmt: skip
+        features = encode_squad(
+            self.tokenizer,
+            data,
+            max_length=max_length,
+            doc_stride=doc_stride,
+            max_query_length=max_query_length,
+            training=False,
+        )
         starts, ends = [], []
         for chunk in _batches(features, self.batch_size):
             out, _ = self._run(chunk)
@@ -216,17 +239,34 @@ class AnswerPipeline(Pipeline):
         for w, (s, e) in enumerate(zip(starts, ends, strict=True)):
             S[w, : len(s)], E[w, : len(e)] = s, e
         norm = [float(S[w].logsumexp(0) + E[w].logsumexp(0)) for w in range(len(starts))]
-        found = best_answers(data, features, S, E, n_best=max(20, top_k),
-                             max_answer_length=max_answer_length,
-                             null_threshold=0.0 if allow_no_answer else None)["q"]  # fmt: skip
+        found = best_answers(
+            data,
+            features,
+            S,
+            E,
+            n_best=max(20, top_k),
+            max_answer_length=max_answer_length,
+            null_threshold=0.0 if allow_no_answer else None,
+        )["q"]
         spans = found["n_best"][:top_k]
-        answers = [{"answer": s["text"], "start": s["start"], "end": s["end"],
-                    "score": math.exp(s["score"] - norm[s["window"]])} for s in spans]  # fmt: skip
+        answers = [
+            {
+                "answer": s["text"],
+                "start": s["start"],
+                "end": s["end"],
+                "score": math.exp(s["score"] - norm[s["window"]]),
+            }
+            for s in spans
+        ]
         if allow_no_answer and found["text"] == "" and found["null_score"] is not None:
             # best_answers' null score is the lowest [CLS] score over the windows: that window's
             w0 = min(range(len(norm)), key=lambda w: float(S[w, 0] + E[w, 0]))
-            null = {"answer": "", "start": 0, "end": 0,
-                    "score": math.exp(found["null_score"] - norm[w0])}  # fmt: skip
+            null = {
+                "answer": "",
+                "start": 0,
+                "end": 0,
+                "score": math.exp(found["null_score"] - norm[w0]),
+            }
             answers = [null, *answers][:top_k]
         if not answers:
             answers = [{"answer": "", "start": 0, "end": 0, "score": 0.0}]
@@ -257,23 +297,36 @@ class FillMaskPipeline(Pipeline):
                 per_mask = []
                 for p in (p for p, t in enumerate(ids) if t == mask_id):
                     top = probs[r, p].topk(top_k)
-                    per_mask.append([{
-                        "token": self.tokenizer.convert_ids_to_tokens([int(t)])[0],
-                        "id": int(t), "score": float(s),
-                        "sequence": self.tokenizer.decode(
-                            [int(t) if q == p else x for q, x in enumerate(ids)],
-                            skip_special_tokens=True),
-                    } for s, t in zip(top.values, top.indices, strict=True)])  # fmt: skip
+                    per_mask.append(
+                        [
+                            {
+                                "token": self.tokenizer.convert_ids_to_tokens([int(t)])[0],
+                                "id": int(t),
+                                "score": float(s),
+                                "sequence": self.tokenizer.decode(
+                                    [int(t) if q == p else x for q, x in enumerate(ids)],
+                                    skip_special_tokens=True,
+                                ),
+                            }
+                            for s, t in zip(top.values, top.indices, strict=True)
+                        ]
+                    )
                 results.append(per_mask[0] if len(per_mask) == 1 else per_mask)
         return results[0] if single else results
 
 
-PIPELINES = {"embed": EmbedPipeline, "classify": ClassifyPipeline, "tag": TagPipeline,
-             "answer": AnswerPipeline, "fill-mask": FillMaskPipeline}  # fmt: skip
+PIPELINES = {
+    "embed": EmbedPipeline,
+    "classify": ClassifyPipeline,
+    "tag": TagPipeline,
+    "answer": AnswerPipeline,
+    "fill-mask": FillMaskPipeline,
+}
 
 
-def pipeline(task: str, model: str = "default", device: str = "cpu",
-             batch_size: int = 32) -> Pipeline:  # fmt: skip
+def pipeline(
+    task: str, model: str = "default", device: str = "cpu", batch_size: int = 32
+) -> Pipeline:
     if task not in PIPELINES:
         raise ValueError(f"unknown pipeline {task!r}; choose one of {', '.join(PIPELINES)}")
     return PIPELINES[task](model, device, batch_size)

@@ -29,7 +29,7 @@ from tokenizers import (
     trainers,
 )
 
-from .checkpoint import atomic_write, resolve_model_dir
+from bertlab.io.checkpoint import atomic_write, resolve_model_dir
 
 # Role -> the token BERT uses for it. Every vocabulary must hold all five.
 SPECIAL_TOKENS = {
@@ -40,11 +40,21 @@ SPECIAL_TOKENS = {
     "mask_token": "[MASK]",
 }
 MAX_WORD_CHARS = 100  # longer words become [UNK], as in the original BERT
-PADDING = {False: None, "do_not_pad": None, True: "longest", "longest": "longest",
-           "max_length": "max_length"}  # fmt: skip
-TRUNCATION = {False: None, "do_not_truncate": None, True: "longest_first",
-              "longest_first": "longest_first", "only_first": "only_first",
-              "only_second": "only_second"}  # fmt: skip
+PADDING = {
+    False: None,
+    "do_not_pad": None,
+    True: "longest",
+    "longest": "longest",
+    "max_length": "max_length",
+}
+TRUNCATION = {
+    False: None,
+    "do_not_truncate": None,
+    True: "longest_first",
+    "longest_first": "longest_first",
+    "only_first": "only_first",
+    "only_second": "only_second",
+}
 
 
 def read_vocab(path: str | os.PathLike) -> list[str]:
@@ -268,9 +278,16 @@ class BertTokenizer:
         return_tensors: str | None = None,
     ) -> list[int] | torch.Tensor:
         """Token ids of one text (or pair); ``return_tensors="pt"`` gives a (1, T) tensor."""
-        enc = self(text, text_pair, add_special_tokens=add_special_tokens, truncation=truncation,
-                   max_length=max_length, return_tensors=return_tensors,
-                   return_token_type_ids=False, return_attention_mask=False)  # fmt: skip
+        enc = self(
+            text,
+            text_pair,
+            add_special_tokens=add_special_tokens,
+            truncation=truncation,
+            max_length=max_length,
+            return_tensors=return_tensors,
+            return_token_type_ids=False,
+            return_attention_mask=False,
+        )
         return enc["input_ids"]
 
     def decode(self, ids: Iterable[int] | torch.Tensor, skip_special_tokens: bool = False) -> str:
@@ -323,12 +340,15 @@ class BertTokenizer:
             single = bool(text) and all(isinstance(w, str) for w in text)
             texts = _as_word_lists(text, "text")
             pairs = None if text_pair is None else _as_word_lists(text_pair, "text_pair")
-            if pairs is not None and single != (bool(text_pair) and all(
-                    isinstance(w, str) for w in text_pair)):  # fmt: skip
+            if pairs is not None and single != (
+                bool(text_pair) and all(isinstance(w, str) for w in text_pair)
+            ):
                 raise TypeError("text and text_pair must both be word lists or both batches")
             if return_overflowing_tokens or (pairs is not None and truncation not in (None, False)):
-                raise ValueError("is_split_into_words supports truncation of single texts, "
-                                 "without overflowing windows")  # fmt: skip
+                raise ValueError(
+                    "is_split_into_words supports truncation of single texts, "
+                    "without overflowing windows"
+                )
         else:
             single = isinstance(text, str)
             texts = _as_texts(text, "text")
@@ -350,18 +370,23 @@ class BertTokenizer:
             trunc = "longest_first"
         limit = self.model_max_length if max_length is None else max_length
         if trunc is not None and not is_split_into_words:
-            self._check_window(texts, pairs, trunc, limit, stride, add_special_tokens,
-                               return_overflowing_tokens)  # fmt: skip
+            self._check_window(
+                texts, pairs, trunc, limit, stride, add_special_tokens, return_overflowing_tokens
+            )
         if pad == "max_length" and max_length is None:
             limit = self.model_max_length
 
         self._configure(trunc and (limit, trunc, stride), pad and (pad, limit), pad_to_multiple_of)
         inputs = texts if pairs is None else list(zip(texts, pairs, strict=True))
-        if is_split_into_words and trunc is not None and limit <= self.num_special_tokens_to_add(
-                pairs is not None):  # fmt: skip
+        if (
+            is_split_into_words
+            and trunc is not None
+            and limit <= self.num_special_tokens_to_add(pairs is not None)
+        ):
             raise ValueError(f"max_length {limit} leaves no room for text")
-        encodings = self._tok.encode_batch(inputs, is_pretokenized=is_split_into_words,
-                                           add_special_tokens=add_special_tokens)  # fmt: skip
+        encodings = self._tok.encode_batch(
+            inputs, is_pretokenized=is_split_into_words, add_special_tokens=add_special_tokens
+        )
         windows, sample = [], []
         for i, enc in enumerate(encodings):
             parts = [enc, *enc.overflowing] if return_overflowing_tokens else [enc]
@@ -485,10 +510,15 @@ def _as_word_lists(value: Any, name: str) -> list[list[str]]:
     if isinstance(value, (list, tuple)) and value and all(isinstance(w, str) for w in value):
         return [list(value)]
     if not isinstance(value, (list, tuple)):
-        raise TypeError(f"{name} must be a list of words or a list of such lists, got "
-                        f"{type(value).__name__}")  # fmt: skip
-    return [_as_texts(list(words), f"{name}[{i}]") if isinstance(words, (list, tuple))
-            else _as_texts(words, f"{name}[{i}]") for i, words in enumerate(value)]  # fmt: skip
+        raise TypeError(
+            f"{name} must be a list of words or a list of such lists, got {type(value).__name__}"
+        )
+    return [
+        _as_texts(list(words), f"{name}[{i}]")
+        if isinstance(words, (list, tuple))
+        else _as_texts(words, f"{name}[{i}]")
+        for i, words in enumerate(value)
+    ]
 
 
 def _read_tokenizer_json(path: Path, cfg: dict[str, Any]) -> tuple[dict[str, int], dict]:
@@ -561,9 +591,13 @@ def train_vocab(
         raise ValueError(f"no text to learn a vocabulary from in {', '.join(map(str, paths))}")
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    config = {"tokenizer_class": "BertTokenizer", "do_lower_case": lowercase,
-              "strip_accents": None, "tokenize_chinese_chars": True,
-              "model_max_length": 512}  # fmt: skip
+    config = {
+        "tokenizer_class": "BertTokenizer",
+        "do_lower_case": lowercase,
+        "strip_accents": None,
+        "tokenize_chinese_chars": True,
+        "model_max_length": 512,
+    }
     text = "".join(t + "\n" for t, _ in vocab)
     atomic_write(out / "vocab.txt", lambda p: Path(p).write_text(text, "utf-8"))
     atomic_write(

@@ -9,18 +9,26 @@ from pathlib import Path
 
 import pytest
 
-from bertlab.cli import main
-from bertlab.finetune import FinetuneConfig
+from bertlab.cli.main import main
+from bertlab.train.finetune import FinetuneConfig
 
 pytest.importorskip("transformers", reason="transformers is a test extra: the other side")
-from bertlab.bench_finetune import bench_finetune  # noqa: E402
+from bertlab.bench.finetune import bench_finetune  # noqa: E402
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def _config(sst2, **kw) -> FinetuneConfig:
-    base = dict(task="classify", train=str(sst2 / "train.tsv"), dev=str(sst2 / "dev.tsv"),
-                epochs=1, batch_size=16, max_length=48, lr=1e-4, max_train_examples=64)  # fmt: skip
+    base = dict(
+        task="classify",
+        train=str(sst2 / "train.tsv"),
+        dev=str(sst2 / "dev.tsv"),
+        epochs=1,
+        batch_size=16,
+        max_length=48,
+        lr=1e-4,
+        max_train_examples=64,
+    )
     return FinetuneConfig(**{**base, **kw})
 
 
@@ -52,9 +60,27 @@ def test_the_time_budget_cuts_both_sides_and_each_evaluates_where_it_stopped(sst
 def test_tagging_reports_the_per_type_table_for_both_sides(tmp_path, capsys):
     conll = str(FIXTURES / "conll_style_bertlab.txt")
     out = tmp_path / "bench.json"
-    code = main(["bench", "finetune", "tag", "--train", conll, "--dev", conll, "--seconds",
-                 "60", "--epochs", "1", "--batch-size", "8", "--lr", "1e-4",
-                 "--out", str(out)])  # fmt: skip
+    code = main(
+        [
+            "bench",
+            "finetune",
+            "tag",
+            "--train",
+            conll,
+            "--dev",
+            conll,
+            "--seconds",
+            "60",
+            "--epochs",
+            "1",
+            "--batch-size",
+            "8",
+            "--lr",
+            "1e-4",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     printed = capsys.readouterr().out
     assert printed.count("entities on the dev set") == 2 and "best f1" in printed

@@ -5,7 +5,7 @@ import statistics
 
 import pytest
 
-from bertlab.cli import main
+from bertlab.cli.main import main
 
 
 def run(capsys, *argv):
@@ -26,8 +26,16 @@ def test_demo_runs_the_bundled_checkpoint(capsys):
 def test_demo_journey_fine_tunes_and_classifies(capsys, tmp_path):
     """The README's main job, on a short budget: a fifth of an epoch on the bundled SST-2
     sample (32 steps), dev accuracy reported, then the given sentence classified."""
-    code, out, _ = run(capsys, "demo", "--epochs", "0.2", "--output", str(tmp_path / "demo"),
-                       "--sentence", "a dull , lifeless and boring mess")  # fmt: skip
+    code, out, _ = run(
+        capsys,
+        "demo",
+        "--epochs",
+        "0.2",
+        "--output",
+        str(tmp_path / "demo"),
+        "--sentence",
+        "a dull , lifeless and boring mess",
+    )
     assert code == 0
     accuracy = float(re.search(r"Dev accuracy: ([0-9.]+) on 1,000 held-out", out).group(1))
     assert accuracy > 0.6  # from the sentence-embedding checkpoint, 1,024 training sentences
@@ -85,8 +93,16 @@ def test_tokenize_shows_tokens_ids_types_and_offsets(capsys):
 def test_train_vocab_command_writes_a_loadable_vocabulary(capsys, tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("The Cat sat on the Mat.\nA cat and a mat!\n" * 50, encoding="utf-8")
-    code, out, _ = run(capsys, "train-vocab", str(corpus), "-o", str(tmp_path / "v"),
-                       "--vocab-size", "60", "--cased")  # fmt: skip
+    code, out, _ = run(
+        capsys,
+        "train-vocab",
+        str(corpus),
+        "-o",
+        str(tmp_path / "v"),
+        "--vocab-size",
+        "60",
+        "--cased",
+    )
     assert code == 0 and "cased" in out
     from bertlab import BertTokenizer
 
@@ -98,8 +114,19 @@ def test_train_vocab_command_writes_a_loadable_vocabulary(capsys, tmp_path):
 
 def test_bench_tokenizer_reports_both_sides(capsys, tmp_path):
     out_file = tmp_path / "report.json"
-    code, out, _ = run(capsys, "bench", "tokenizer", "--data", str(tmp_path / "none"),
-                       "--repeats", "1", "--out", str(out_file), "--models", "default")  # fmt: skip
+    code, out, _ = run(
+        capsys,
+        "bench",
+        "tokenizer",
+        "--data",
+        str(tmp_path / "none"),
+        "--repeats",
+        "1",
+        "--out",
+        str(out_file),
+        "--models",
+        "default",
+    )
     assert code == 0 and "tokens/s" in out
     import json
 
@@ -112,20 +139,30 @@ def test_bench_model_workloads_report_and_chart(capsys, tmp_path):
     """Two workloads on the tiny preset, one repeat: the report holds both sides for each,
     useful FLOPs are counted on real tokens only, and the chart is written."""
     out_file, chart = tmp_path / "r.json", tmp_path / "r.png"
-    args = ["variable", "train", "--models", "tiny", "--dtypes", "float32", "--repeats", "1",
-            "--draws", "2"]  # fmt: skip
+    args = [
+        "variable",
+        "train",
+        "--models",
+        "tiny",
+        "--dtypes",
+        "float32",
+        "--repeats",
+        "1",
+        "--draws",
+        "2",
+    ]
     code, out, _ = run(capsys, "bench", *args, "--out", str(out_file), "--plot", str(chart))
     assert code == 0 and "variable" in out and "train" in out
     import json
 
-    from bertlab.bench import model_flops
+    from bertlab.bench.speed import model_flops
 
     report = json.loads(out_file.read_text())
     variable, train = report["results"]
     assert variable["real_tokens"] < variable["padded_tokens"]  # lengths 16..256, padded
     assert train["real_tokens"] == train["padded_tokens"] == 32 * 128
     from bertlab import BertConfig
-    from bertlab.bench import make_batch
+    from bertlab.bench.speed import make_batch
 
     tiny = BertConfig.preset("tiny")
     # Drawn lengths: each run goes through two batches (seeds 0 and 1); a fixed workload, one.
@@ -145,14 +182,14 @@ def test_bench_model_workloads_report_and_chart(capsys, tmp_path):
         median = statistics.median(r["matmul_seconds"])
         assert r["matmul_tflops"] * 1e12 == pytest.approx(2 * 2048**3 / median)
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    from bertlab.bench import markdown_table
+    from bertlab.bench.speed import markdown_table
 
     table = markdown_table(report).splitlines()
     assert len(table) == 2 + len(report["results"]) and "| tiny | variable | float32 |" in table[2]
 
 
 def test_alternate_turns_the_order_every_round():
-    from bertlab.bench import alternate
+    from bertlab.bench.speed import alternate
 
     calls = []
     runs = {name: (lambda name=name: calls.append(name)) for name in "abc"}

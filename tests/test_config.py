@@ -8,7 +8,7 @@ import torch
 import transformers
 
 from bertlab import BertConfig, BertModel
-from bertlab.model import sinusoidal_positions
+from bertlab.nn.model import sinusoidal_positions
 
 SHARED_FIELDS = [
     "vocab_size",

@@ -62,9 +62,11 @@ def test_plain_text_documents_are_separated_by_blank_lines(tmp_path):
 
 
 def test_wikitext_titles_start_documents_and_subheadings_are_dropped(tmp_path):
-    text = (" = First = \n \n Alpha text . \n \n = = Section = = \n \n Beta text . \n"
-            " = = = Deeper = = = \n Gamma . \n = Second = \n\n Delta . \n"
-            " = Empty = \n")  # fmt: skip
+    text = (
+        " = First = \n \n Alpha text . \n \n = = Section = = \n \n Beta text . \n"
+        " = = = Deeper = = = \n Gamma . \n = Second = \n\n Delta . \n"
+        " = Empty = \n"
+    )
     for name in ("wiki.tokens", "wiki.txt"):  # by suffix, and by the heading lines
         path = _write(tmp_path / name, text)
         assert detect_layout(path) == "wikitext"
@@ -128,23 +130,31 @@ def test_invalid_utf8_names_file_and_line(tmp_path):
 @pytest.mark.parametrize(
     "text, expected",
     [
-        ("Hello world. This is a test! Is it? Yes.",
-         ["Hello world.", "This is a test!", "Is it?", "Yes."]),
+        (
+            "Hello world. This is a test! Is it? Yes.",
+            ["Hello world.", "This is a test!", "Is it?", "Yes."],
+        ),
         ("Mr. Smith met Dr. Jones. They talked.", ["Mr. Smith met Dr. Jones.", "They talked."]),
         ("The U.S. Army arrived. It was late.", ["The U.S. Army arrived.", "It was late."]),
-        ("Use tools, e.g. Hammers, i.e. Heavy ones. Or not.",
-         ["Use tools, e.g. Hammers, i.e. Heavy ones.", "Or not."]),
-        ("J. R. R. Tolkien wrote it. He was English.",
-         ["J. R. R. Tolkien wrote it.", "He was English."]),
+        (
+            "Use tools, e.g. Hammers, i.e. Heavy ones. Or not.",
+            ["Use tools, e.g. Hammers, i.e. Heavy ones.", "Or not."],
+        ),
+        (
+            "J. R. R. Tolkien wrote it. He was English.",
+            ["J. R. R. Tolkien wrote it.", "He was English."],
+        ),
         ('He said "Stop." Then he left.', ['He said "Stop."', "Then he left."]),
         ("It cost 5 dollars. 3 people paid.", ["It cost 5 dollars.", "3 people paid."]),
         ("no split. before lower case", ["no split. before lower case"]),
         ("version 2.0 is out. (It works.)", ["version 2.0 is out.", "(It works.)"]),
-        ("Black Sea . It is related to H. americanus . It may grow",
-         ["Black Sea .", "It is related to H. americanus .", "It may grow"]),
+        (
+            "Black Sea . It is related to H. americanus . It may grow",
+            ["Black Sea .", "It is related to H. americanus .", "It may grow"],
+        ),
         ("  ", []),
     ],
-)  # fmt: skip
+)
 def test_split_sentences(text, expected):
     assert split_sentences(text) == expected
 
@@ -164,8 +174,9 @@ def test_examples_are_well_formed(tmp_path, nsp):
         assert len(ids) <= 64
     assert meta["dtype"] == "uint16" and np.load(out / "shard_00000.input_ids.npy").dtype == "<u2"
     assert meta["nsp"] is nsp and meta["vocab_size"] == 30522 and meta["do_lower_case"] is True
-    assert meta["inputs"] == [{"path": str(WIKITEXT), "bytes": WIKITEXT.stat().st_size,
-                               "layout": "wikitext"}]  # fmt: skip
+    assert meta["inputs"] == [
+        {"path": str(WIKITEXT), "bytes": WIKITEXT.stat().st_size, "layout": "wikitext"}
+    ]
     if not nsp:
         assert set(_labels(out)) == {0}
 
@@ -204,8 +215,14 @@ def test_pairs_follow_the_source_and_half_are_random(tmp_path):
     docs = _numbered_corpus(tmp_path / "numbers.txt", 1200)
     doc_of = {k: i for i, doc in enumerate(docs) for k in doc}
     last = {doc[-1] for doc in docs}
-    out = prepare(tmp_path / "numbers.txt", VOCAB, tmp_path / "out", max_seq_length=33,
-                  short_seq_prob=0.0, progress=False)  # fmt: skip
+    out = prepare(
+        tmp_path / "numbers.txt",
+        VOCAB,
+        tmp_path / "out",
+        max_seq_length=33,
+        short_seq_prob=0.0,
+        progress=False,
+    )
     tok = bertlab.BertTokenizer.from_pretrained(VOCAB)
     seen, free = [], []
     for ids, label in zip(_examples(out), _labels(out), strict=True):
@@ -248,8 +265,15 @@ def test_short_seq_prob_gives_shorter_examples(tmp_path, nsp):
     _numbered_corpus(tmp_path / "numbers.txt", 300)
     mean = {}
     for p in (0.0, 1.0):
-        out = prepare(tmp_path / "numbers.txt", VOCAB, tmp_path / f"out{p}", max_seq_length=33,
-                      short_seq_prob=p, nsp=nsp, progress=False)  # fmt: skip
+        out = prepare(
+            tmp_path / "numbers.txt",
+            VOCAB,
+            tmp_path / f"out{p}",
+            max_seq_length=33,
+            short_seq_prob=p,
+            nsp=nsp,
+            progress=False,
+        )
         mean[p] = np.mean([len(x) for x in _examples(out)])
     assert mean[1.0] < 0.8 * mean[0.0], mean
 
@@ -263,10 +287,12 @@ def test_dupe_factor_repeats_the_corpus_with_other_choices(tmp_path):
 
 # ============================================================================ determinism
 def _mixed_inputs(tmp_path: Path) -> list[Path]:
-    plain = "".join(f"Plain doc {i}. It has text. More of it here.\nAnd a second line.\n\n"
-                    for i in range(40))  # fmt: skip
-    jsonl = "".join(json.dumps({"text": f"Record {i}. Is here.\nNext para {i}."}) + "\n"
-                    for i in range(40))  # fmt: skip
+    plain = "".join(
+        f"Plain doc {i}. It has text. More of it here.\nAnd a second line.\n\n" for i in range(40)
+    )
+    jsonl = "".join(
+        json.dumps({"text": f"Record {i}. Is here.\nNext para {i}."}) + "\n" for i in range(40)
+    )
     return [WIKITEXT, _write(tmp_path / "p.txt", plain), _write(tmp_path / "r.jsonl", jsonl)]
 
 
@@ -316,8 +342,7 @@ def test_existing_corpus_is_refused_unless_overwrite(tmp_path):
 
 
 def test_bad_settings_are_refused(tmp_path):
-    for kw in ({"max_seq_length": 4}, {"short_seq_prob": 1.5}, {"workers": 0},
-               {"dupe_factor": 0}):  # fmt: skip
+    for kw in ({"max_seq_length": 4}, {"short_seq_prob": 1.5}, {"workers": 0}, {"dupe_factor": 0}):
         with pytest.raises(ValueError, match=next(iter(kw))):
             prepare(WIKITEXT, VOCAB, tmp_path / "out", progress=False, **kw)
     with pytest.raises(FileNotFoundError, match="nowhere.txt"):
@@ -326,8 +351,14 @@ def test_bad_settings_are_refused(tmp_path):
 
 # ============================================================================ reading back
 def test_pretraining_corpus_round_trip_and_collate(tmp_path):
-    out = prepare(_mixed_inputs(tmp_path), VOCAB, tmp_path / "out", max_seq_length=48,
-                  shard_size=40, progress=False)  # fmt: skip
+    out = prepare(
+        _mixed_inputs(tmp_path),
+        VOCAB,
+        tmp_path / "out",
+        max_seq_length=48,
+        shard_size=40,
+        progress=False,
+    )
     meta = json.loads((out / "meta.json").read_text())
     raw, labels = _examples(out), _labels(out)
     corpus = PretrainingCorpus(out)

@@ -6,7 +6,7 @@ uncased checkpoint in place of the hub name (it shares bert-base-uncased's vocab
 import torch
 
 import bertlab
-from bertlab.dissect import dissect_embeddings
+from bertlab.explore.dissect import dissect_embeddings
 
 CHECKPOINT = str(bertlab.bundled_model_dir())
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import bertlab
-from bertlab.cli import main
-from bertlab.finetune import FinetuneConfig, finetune
+from bertlab.cli.main import main
+from bertlab.train.finetune import FinetuneConfig, finetune
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -19,9 +19,26 @@ FIXTURES = Path(__file__).parent / "fixtures"
 def test_classify_end_to_end(sst2, tmp_path, capsys):
     transformers = pytest.importorskip("transformers", reason="transformers is a test extra")
     out = tmp_path / "run"
-    code = main(["finetune", "classify", "--train", str(sst2 / "train.tsv"), "--dev",
-                 str(sst2 / "dev.tsv"), "-o", str(out), "--epochs", "2", "--batch-size", "16",
-                 "--max-length", "48", "--lr", "1e-4"])  # fmt: skip
+    code = main(
+        [
+            "finetune",
+            "classify",
+            "--train",
+            str(sst2 / "train.tsv"),
+            "--dev",
+            str(sst2 / "dev.tsv"),
+            "-o",
+            str(out),
+            "--epochs",
+            "2",
+            "--batch-size",
+            "16",
+            "--max-length",
+            "48",
+            "--lr",
+            "1e-4",
+        ]
+    )
     assert code == 0
     printed = capsys.readouterr().out
     assert "160 examples; text 'sentence', label 'label'; 2 labels: 0, 1" in printed
@@ -38,8 +55,7 @@ def test_classify_end_to_end(sst2, tmp_path, capsys):
     ours = bertlab.BertForSequenceClassification.from_pretrained(out / "model").eval()
     theirs = transformers.BertForSequenceClassification.from_pretrained(out / "model").eval()
     tok = bertlab.BertTokenizer.from_pretrained(out / "model")
-    batch = tok(["a gorgeous , witty film", "dull and lifeless"], padding=True,
-                return_tensors="pt")  # fmt: skip
+    batch = tok(["a gorgeous , witty film", "dull and lifeless"], padding=True, return_tensors="pt")
     with torch.no_grad():
         assert (ours(**batch).logits - theirs(**batch).logits).abs().max() < 1e-5
     # the saved model is the best one: its dev accuracy is the one reported
@@ -55,8 +71,27 @@ def test_classify_end_to_end(sst2, tmp_path, capsys):
 def test_tag_end_to_end_with_the_per_type_table(tmp_path, capsys):
     conll = FIXTURES / "conll_style_bertlab.txt"
     out = tmp_path / "ner"
-    assert main(["finetune", "tag", "--train", str(conll), "--dev", str(conll), "-o", str(out),
-                 "--epochs", "3", "--batch-size", "4", "--lr", "1e-4"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "finetune",
+                "tag",
+                "--train",
+                str(conll),
+                "--dev",
+                str(conll),
+                "-o",
+                str(out),
+                "--epochs",
+                "3",
+                "--batch-size",
+                "4",
+                "--lr",
+                "1e-4",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "overall" in printed and "PER" in printed and "precision" in printed
     r = json.loads((out / "results.json").read_text())
@@ -68,9 +103,16 @@ def test_tag_end_to_end_with_the_per_type_table(tmp_path, capsys):
 
 def test_qa_end_to_end_holding_out_articles(tmp_path):
     squad = FIXTURES / "squad_sample.json"
-    config = FinetuneConfig(task="qa", train=str(squad), dev_articles=3, epochs=1,
-                            batch_size=8, max_length=128, doc_stride=48,
-                            max_query_length=32)  # fmt: skip
+    config = FinetuneConfig(
+        task="qa",
+        train=str(squad),
+        dev_articles=3,
+        epochs=1,
+        batch_size=8,
+        max_length=128,
+        doc_stride=48,
+        max_query_length=32,
+    )
     r = finetune(config, tmp_path / "qa", progress=False)
     assert len(r["report"]["dev_articles"]) == 3
     assert set(r["dev"]) == {"exact_match", "f1"} and 0 <= r["dev"]["f1"] <= 1
@@ -78,9 +120,15 @@ def test_qa_end_to_end_holding_out_articles(tmp_path):
 
 
 def test_time_budget_stops_evaluates_and_saves(sst2, tmp_path):
-    config = FinetuneConfig(task="classify", train=str(sst2 / "train.tsv"),
-                            dev=str(sst2 / "dev.tsv"), epochs=3, batch_size=16, max_length=32,
-                            max_seconds=1e-6)  # fmt: skip
+    config = FinetuneConfig(
+        task="classify",
+        train=str(sst2 / "train.tsv"),
+        dev=str(sst2 / "dev.tsv"),
+        epochs=3,
+        batch_size=16,
+        max_length=32,
+        max_seconds=1e-6,
+    )
     r = finetune(config, tmp_path / "short", progress=False)
     assert r["steps"] == 1 and r["planned_steps"] == 30 and r["best_step"] == 1
     assert (tmp_path / "short" / "model" / "model.safetensors").exists()
@@ -104,5 +152,8 @@ def test_refusals_before_any_training(sst2, tmp_path):
     with pytest.raises(FileExistsError, match="already holds a run.*--overwrite"):
         finetune(ok, out, progress=False)
     with pytest.raises(ValueError, match="leaves no article to train on"):
-        finetune(FinetuneConfig(task="qa", train=str(FIXTURES / "squad_sample.json"),
-                                dev_articles=11), tmp_path / "q", progress=False)  # fmt: skip
+        finetune(
+            FinetuneConfig(task="qa", train=str(FIXTURES / "squad_sample.json"), dev_articles=11),
+            tmp_path / "q",
+            progress=False,
+        )

@@ -8,9 +8,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import bertlab.model
-from bertlab import BertConfig, BertForMaskedLM, BertModel, fused
-from bertlab.packing import round_rows
+import bertlab.nn.model
+from bertlab import BertConfig, BertForMaskedLM, BertModel
+from bertlab.nn import fused
+from bertlab.nn.packing import round_rows
 
 needs_onednn = pytest.mark.skipif(
     not fused._AVAILABLE, reason="this PyTorch or CPU has no oneDNN bfloat16 fused linear"
@@ -46,8 +47,12 @@ def test_each_fused_form_is_the_exact_result_rounded_once():
     with torch.inference_mode():
         within_one_rounding(fused.linear(layer, x), exact(layer, x))
         within_one_rounding(fused.linear_add(layer, x, other), exact(layer, x) + other.float())
-        for act, fn in [("gelu", F.gelu), ("relu", F.relu), ("silu", F.silu),
-                        ("gelu_new", lambda t: F.gelu(t, approximate="tanh"))]:  # fmt: skip
+        for act, fn in [
+            ("gelu", F.gelu),
+            ("relu", F.relu),
+            ("silu", F.silu),
+            ("gelu_new", lambda t: F.gelu(t, approximate="tanh")),
+        ]:
             got = fused.linear_act(layer, x, act, plain=None)  # plain is never called
             within_one_rounding(got, fn(exact(layer, x)))
 
@@ -107,8 +112,14 @@ def test_a_hook_on_a_layer_still_sees_every_call(monkeypatch):
 @needs_onednn
 @pytest.mark.parametrize("kernel", ["packed", "sdpa"])
 def test_a_bfloat16_model_with_fused_layers_is_as_close_to_float32_as_without(kernel, monkeypatch):
-    cfg = BertConfig(vocab_size=99, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
-                     intermediate_size=128, max_position_embeddings=32)  # fmt: skip
+    cfg = BertConfig(
+        vocab_size=99,
+        hidden_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=32,
+    )
     cfg = cfg.replace(attn_implementation=kernel)
     torch.manual_seed(0)
     model = BertForMaskedLM(cfg).eval()
@@ -141,8 +152,14 @@ def test_round_rows_adds_at_most_a_sixteenth_or_7_rows_and_makes_few_shapes():
 def test_spare_rows_never_reach_an_output(monkeypatch):
     """A packed bfloat16 batch runs with spare rows past its last token (oneDNN meets fewer
     shapes); the outputs, hidden states and [CLS] vectors are those of the plain run."""
-    cfg = BertConfig(vocab_size=99, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                     intermediate_size=128, max_position_embeddings=64)  # fmt: skip
+    cfg = BertConfig(
+        vocab_size=99,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=64,
+    )
     torch.manual_seed(0)
     model = BertModel(cfg).eval().to(torch.bfloat16)
     ids = torch.randint(1, 99, (3, 40))
@@ -155,7 +172,7 @@ def test_spare_rows_never_reach_an_output(monkeypatch):
     with torch.inference_mode():
         got = model(ids, mask, output_hidden_states=True)
         rows = [t.shape[0] for t in seen]
-        monkeypatch.setattr(bertlab.model, "round_rows", lambda n: n)  # no spare rows
+        monkeypatch.setattr(bertlab.nn.model, "round_rows", lambda n: n)  # no spare rows
         want = model(ids, mask, output_hidden_states=True)
     assert rows == [78] + [80] * 4  # the embeddings' LayerNorm, then two per layer
     assert got.last_hidden_state.shape == want.last_hidden_state.shape == (3, 40, 64)
@@ -177,8 +194,14 @@ def _spy(fn, seen):
 
 # ======================================================= the feed-forward network in row chunks
 def _ffn_model(dtype):
-    cfg = BertConfig(vocab_size=99, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                     intermediate_size=128, max_position_embeddings=64)  # fmt: skip
+    cfg = BertConfig(
+        vocab_size=99,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=64,
+    )
     torch.manual_seed(0)
     model = BertModel(cfg).eval().to(dtype)
     ids = torch.randint(1, 99, (3, 40))
@@ -191,16 +214,16 @@ def _ffn_model(dtype):
 def _chunk_rows(monkeypatch, rows, dtype):
     """Make every intermediate count as large, chunked ``rows`` rows at a time."""
     width = 128 * torch.tensor([], dtype=dtype).element_size()
-    monkeypatch.setattr(bertlab.model, "FFN_CHUNK_ABOVE", 0)
-    monkeypatch.setattr(bertlab.model, "FFN_CHUNK_BYTES", rows * width)
+    monkeypatch.setattr(bertlab.nn.model, "FFN_CHUNK_ABOVE", 0)
+    monkeypatch.setattr(bertlab.nn.model, "FFN_CHUNK_BYTES", rows * width)
     seen = []
-    forward = bertlab.model.BertIntermediate.forward
+    forward = bertlab.nn.model.BertIntermediate.forward
 
     def spy(self, x):
         seen.append(x.shape[0])
         return forward(self, x)
 
-    monkeypatch.setattr(bertlab.model.BertIntermediate, "forward", spy)
+    monkeypatch.setattr(bertlab.nn.model.BertIntermediate, "forward", spy)
     return seen
 
 
@@ -218,8 +241,9 @@ def test_feed_forward_in_row_chunks_gives_the_same_outputs(dtype, monkeypatch):
     tol = 1e-6 if dtype == torch.float32 else BF16_STEP
     for g, w in zip(got.hidden_states, want.hidden_states, strict=True):
         torch.testing.assert_close(g.float(), w.float(), rtol=tol, atol=tol)
-    torch.testing.assert_close(got.pooler_output.float(), want.pooler_output.float(),
-                               rtol=tol, atol=tol)  # fmt: skip
+    torch.testing.assert_close(
+        got.pooler_output.float(), want.pooler_output.float(), rtol=tol, atol=tol
+    )
 
 
 def test_feed_forward_runs_whole_under_autograd_or_a_hook(monkeypatch):

@@ -77,7 +77,10 @@ def test_chunks_by_the_conlleval_rules():
     assert conll_entities(["B-PER", "I-PER", "O", "B-LOC"]) == {("PER", 0, 1), ("LOC", 3, 3)}
     # IOB1: I- opens a chunk; B- only separates two adjacent chunks of one type
     assert conll_entities(["I-PER", "I-PER", "B-PER", "O", "I-LOC"]) == {
-        ("PER", 0, 1), ("PER", 2, 2), ("LOC", 4, 4)}  # fmt: skip
+        ("PER", 0, 1),
+        ("PER", 2, 2),
+        ("LOC", 4, 4),
+    }
     assert conll_entities(["B-PER", "I-LOC"]) == {("PER", 0, 0), ("LOC", 1, 1)}  # type change
     assert conll_entities(["S-PER", "B-LOC", "E-LOC", "O"]) == {("PER", 0, 0), ("LOC", 1, 2)}
     assert conll_entities(["O", "O"]) == set()
@@ -101,8 +104,14 @@ def test_conlleval_scores():
     assert r["f1"] == pytest.approx(1 / 3)
     assert r["accuracy"] == pytest.approx(4 / 6)  # tokens 0, 1, 2 and 4
     assert r["per_type"]["PER"]["f1"] == 1.0
-    assert r["per_type"]["LOC"] == {"precision": 0.0, "recall": 0.0, "f1": 0.0, "gold": 1,
-                                    "predicted": 0, "correct": 0}  # fmt: skip
+    assert r["per_type"]["LOC"] == {
+        "precision": 0.0,
+        "recall": 0.0,
+        "f1": 0.0,
+        "gold": 1,
+        "predicted": 0,
+        "correct": 0,
+    }
     assert r["per_type"]["ORG"]["precision"] == 0.0 and r["per_type"]["ORG"]["gold"] == 1
 
 

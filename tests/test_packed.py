@@ -27,9 +27,9 @@ import torch
 from helpers import max_diff, scramble
 
 import bertlab
-import bertlab.attention
-import bertlab.model
-from bertlab.packing import Packing
+import bertlab.nn.attention
+import bertlab.nn.model
+from bertlab.nn.packing import Packing
 
 ATOL = 1e-5
 SIZES = dict(
@@ -109,14 +109,14 @@ def padding_values(out: Any, mask: torch.Tensor) -> dict[str, torch.Tensor]:
 def packed_calls(monkeypatch) -> list[bool]:
     """Records every call of the packed kernel (True when it ran batched: no padding)."""
     calls: list[bool] = []
-    real = bertlab.model.packed_attention
+    real = bertlab.nn.model.packed_attention
 
     def spy(q, k, v, packing, *args, **kwargs):
         assert isinstance(packing, Packing)
         calls.append(packing.dense)
         return real(q, k, v, packing, *args, **kwargs)
 
-    monkeypatch.setattr(bertlab.model, "packed_attention", spy)
+    monkeypatch.setattr(bertlab.nn.model, "packed_attention", spy)
     return calls
 
 
@@ -539,7 +539,7 @@ def test_no_padding_runs_dense_and_equals_sdpa(packed_calls, monkeypatch):
         fused.append(tuple(q.shape))
         return real_sdpa(q, *args, **kwargs)
 
-    monkeypatch.setattr(bertlab.attention.F, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(bertlab.nn.attention.F, "scaled_dot_product_attention", spy)
     with torch.no_grad():
         a = ref(**inputs, **labels, output_hidden_states=True)
         for mask in (inputs["attention_mask"], None):
@@ -676,7 +676,7 @@ def test_windowed_attention_is_each_sequence_alone_whatever_its_neighbours_hold(
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(p.total, 4, 8, generator=g) for _ in range(3))
     with torch.no_grad():
-        out, _ = bertlab.attention.packed_attention(q, k, v, p, 0.0)
+        out, _ = bertlab.nn.attention.packed_attention(q, k, v, p, 0.0)
         starts = [0, *torch.tensor(lengths).cumsum(0).tolist()]
         for b, (s, e) in enumerate(zip(starts[:-1], starts[1:], strict=True)):
             heads = [t[s:e].transpose(0, 1)[None] for t in (q, k, v)]  # (1, A, n, D)
@@ -687,7 +687,7 @@ def test_windowed_attention_is_each_sequence_alone_whatever_its_neighbours_hold(
             for t in loud:
                 t[:s] *= 100
                 t[e:] *= 100
-            again, _ = bertlab.attention.packed_attention(*loud, p, 0.0)
+            again, _ = bertlab.nn.attention.packed_attention(*loud, p, 0.0)
             assert torch.equal(again[s:e], out[s:e]), f"sequence {b} saw its neighbours"
 
 
@@ -710,29 +710,31 @@ def test_varlen_kernel_gets_the_packing_and_its_result_is_returned(monkeypatch):
             out[s:e] = torch.nn.functional.scaled_dot_product_attention(*heads)[0].transpose(0, 1)
         return out
 
-    monkeypatch.setattr(bertlab.attention, "varlen_attn", stand_in)
-    monkeypatch.setattr(bertlab.attention, "varlen_ok", lambda q, dropout_p: True)
+    monkeypatch.setattr(bertlab.nn.attention, "varlen_attn", stand_in)
+    monkeypatch.setattr(bertlab.nn.attention, "varlen_ok", lambda q, dropout_p: True)
     with torch.no_grad():
-        out, _ = bertlab.attention.packed_attention(q, k, v, p, 0.0)
+        out, _ = bertlab.nn.attention.packed_attention(q, k, v, p, 0.0)
     assert len(calls) == 1
     cu_q, cu_k, max_q, max_k = calls[0]
     assert cu_q is p.cu_seqlens and cu_k is p.cu_seqlens and cu_q.dtype == torch.int32
     assert cu_q.tolist() == [0, 16, 143, 144, 177] and max_q == max_k == 127
     monkeypatch.undo()  # the CPU path, per sequence through its windows: the same result
     with torch.no_grad():
-        assert_close(out, bertlab.attention.packed_attention(q, k, v, p, 0.0)[0], "varlen", 1e-6)
+        assert_close(out, bertlab.nn.attention.packed_attention(q, k, v, p, 0.0)[0], "varlen", 1e-6)
 
 
 def test_varlen_kernel_only_where_it_can_run():
     half = torch.zeros(4, 2, 8, dtype=torch.bfloat16)
     # On the CPU, in any dtype: the per-sequence path (on CUDA, also float32 or dropout).
-    assert not bertlab.attention.varlen_ok(half, 0.0)
-    assert not bertlab.attention.varlen_ok(half.float(), 0.0)
+    assert not bertlab.nn.attention.varlen_ok(half, 0.0)
+    assert not bertlab.nn.attention.varlen_ok(half.float(), 0.0)
     if torch.cuda.is_available():  # pragma: no cover - CI has no GPU
         cuda = half.cuda()
-        assert bertlab.attention.varlen_ok(cuda, 0.0) == (bertlab.attention.varlen_attn is not None)
-        assert not bertlab.attention.varlen_ok(cuda, 0.1)
-        assert not bertlab.attention.varlen_ok(cuda.float(), 0.0)
+        assert bertlab.nn.attention.varlen_ok(cuda, 0.0) == (
+            bertlab.nn.attention.varlen_attn is not None
+        )
+        assert not bertlab.nn.attention.varlen_ok(cuda, 0.1)
+        assert not bertlab.nn.attention.varlen_ok(cuda.float(), 0.0)
 
 
 # ================================================================================ 5. attentions

@@ -19,7 +19,7 @@ import transformers
 from helpers import max_diff, scramble
 
 import bertlab
-import bertlab.attention
+import bertlab.nn.attention
 
 ATOL = 1e-5
 SIZES = dict(
@@ -371,7 +371,7 @@ def test_eager_equals_sdpa(reference, monkeypatch):
         calls.append(kwargs.get("attn_mask"))
         return real_sdpa(*args, **kwargs)
 
-    monkeypatch.setattr(bertlab.attention.F, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(bertlab.nn.attention.F, "scaled_dot_product_attention", spy)
     layers = case.config["num_hidden_layers"]
     for kind in INPUT_KINDS:
         inputs = batch_inputs(kind)

@@ -11,7 +11,7 @@ import torch
 from helpers import scramble
 
 import bertlab
-from bertlab.cli import main
+from bertlab.cli.main import main
 from bertlab.metrics import conll_entities
 from bertlab.pipelines import pipeline
 
@@ -35,8 +35,11 @@ def test_embed_matches_sentence_transformers():
     st = pytest.importorskip("sentence_transformers", reason="a test extra")
     ours = pipeline("embed")(TEXTS + ["third text, a little longer than the others"])
     ref = st.SentenceTransformer(str(DEFAULT), device="cpu")
-    theirs = torch.tensor(ref.encode(TEXTS + ["third text, a little longer than the others"],
-                                     normalize_embeddings=True))  # fmt: skip
+    theirs = torch.tensor(
+        ref.encode(
+            TEXTS + ["third text, a little longer than the others"], normalize_embeddings=True
+        )
+    )
     assert (ours - theirs).abs().max() < 1e-5
     assert torch.allclose(ours.norm(dim=-1), torch.ones(3), atol=1e-6)
     cls = pipeline("embed")(TEXTS[0], pooling="cls", normalize=False)
@@ -45,7 +48,8 @@ def test_embed_matches_sentence_transformers():
 
 def test_classify_probabilities(tmp_path):
     model = bertlab.BertForSequenceClassification.from_pretrained(
-        DEFAULT, id2label={0: "neg", 1: "neu", 2: "pos"})  # fmt: skip
+        DEFAULT, id2label={0: "neg", 1: "neu", 2: "pos"}
+    )
     folder = _save(scramble(model, 1), tmp_path, "clf")
     got = pipeline("classify", str(folder))(TEXTS, top_k=None)
     tok = transformers.BertTokenizerFast.from_pretrained(folder)
@@ -53,10 +57,12 @@ def test_classify_probabilities(tmp_path):
     for text, ranked in zip(TEXTS, got, strict=True):
         with torch.no_grad():
             p = ref(**tok(text, return_tensors="pt")).logits.softmax(-1)[0]
-        assert [r["label"] for r in ranked] == [ref.config.id2label[int(i)]
-                                                for i in p.argsort(descending=True)]  # fmt: skip
-        assert max(abs(r["score"] - float(p[ref.config.label2id[r["label"]]]))
-                   for r in ranked) < 1e-5  # fmt: skip
+        assert [r["label"] for r in ranked] == [
+            ref.config.id2label[int(i)] for i in p.argsort(descending=True)
+        ]
+        assert (
+            max(abs(r["score"] - float(p[ref.config.label2id[r["label"]]])) for r in ranked) < 1e-5
+        )
     assert len(pipeline("classify", str(folder))(TEXTS[0])) == 1  # top_k 1 by default
 
 
@@ -102,8 +108,15 @@ def test_answer_is_the_best_valid_span(tmp_path):
     with torch.no_grad():
         out = ref(**enc)
     s, e = out.start_logits[0].log_softmax(-1), out.end_logits[0].log_softmax(-1)
-    spans = sorted(((float(s[i] + e[j]), i, j) for i in range(len(seq)) for j in range(len(seq))
-                    if seq[i] == 1 and seq[j] == 1 and i <= j < i + 5), reverse=True)  # fmt: skip
+    spans = sorted(
+        (
+            (float(s[i] + e[j]), i, j)
+            for i in range(len(seq))
+            for j in range(len(seq))
+            if seq[i] == 1 and seq[j] == 1 and i <= j < i + 5
+        ),
+        reverse=True,
+    )
     assert len(got) == 3
     for answer, (logp, i, j) in zip(got, spans, strict=False):
         assert (answer["start"], answer["end"]) == (offsets[i][0], offsets[j][1])
@@ -153,8 +166,9 @@ def test_predict_reads_stdin_and_files_and_writes_json(tmp_path, monkeypatch, ca
     rows = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert [r["input"] for r in rows] == ["first line", "second line"]
     assert all(len(r["output"]) == 384 for r in rows)
-    qa = _save(scramble(bertlab.BertForQuestionAnswering.from_pretrained(DEFAULT), 5), tmp_path,
-               "qa")  # fmt: skip
+    qa = _save(
+        scramble(bertlab.BertForQuestionAnswering.from_pretrained(DEFAULT), 5), tmp_path, "qa"
+    )
     questions = tmp_path / "q.jsonl"
     questions.write_text(json.dumps({"question": "Who?", "context": "Ann met Bob."}) + "\n")
     assert main(["predict", "answer", "--model", str(qa), "--file", str(questions)]) == 0

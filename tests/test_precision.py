@@ -4,11 +4,18 @@ import pytest
 import torch
 
 from bertlab import BertConfig, BertForSequenceClassification, BertModel
-from bertlab.precision import quantize_int8
+from bertlab.nn.precision import quantize_int8
 
-CFG = BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                 intermediate_size=64, max_position_embeddings=32, hidden_dropout_prob=0.0,
-                 attention_probs_dropout_prob=0.0)  # fmt: skip
+CFG = BertConfig(
+    vocab_size=99,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    max_position_embeddings=32,
+    hidden_dropout_prob=0.0,
+    attention_probs_dropout_prob=0.0,
+)
 
 
 def batch():

@@ -1,5 +1,5 @@
-"""Pre-training (bertlab.pretrain, `bertlab pretrain`, `bertlab plot`): the data stream and its
-independence of the number of processes, the objective, the phase schedule, exact resume, the
+"""Pre-training (bertlab.train.pretrain, `bertlab pretrain`, `bertlab plot`): the data stream and
+its independence of the number of processes, the objective, the phase schedule, exact resume, the
 saved model against transformers, two processes against one, and every refusal."""
 
 from __future__ import annotations
@@ -15,30 +15,38 @@ import pytest
 import torch
 
 import bertlab
-from bertlab.cli import main
-from bertlab.config import BertConfig
+from bertlab.cli.main import main
 from bertlab.data.corpus import prepare
 from bertlab.data.masking import IGNORE_INDEX, MaskingConfig
 from bertlab.data.stream import CorpusStream, Phases, evaluation_batches
-from bertlab.heads import BertForPreTraining
-from bertlab.pretrain import PretrainConfig, pretrain
+from bertlab.nn.config import BertConfig
+from bertlab.nn.heads import BertForPreTraining
 from bertlab.tasks.pretraining import PretrainingObjective, evaluate
-from bertlab.train import TrainConfig
+from bertlab.train.loop import TrainConfig
+from bertlab.train.pretrain import PretrainConfig, pretrain
 
 VOCAB = bertlab.bundled_model_dir()
 WIKITEXT = Path(__file__).parent / "fixtures" / "wikitext2_sample.tokens"
 MASK_ID = 103
-TINY = dict(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-            intermediate_size=64, max_position_embeddings=128)  # fmt: skip
+TINY = dict(
+    vocab_size=30522,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=64,
+    max_position_embeddings=128,
+)
 
 
 @pytest.fixture(scope="module")
 def corpora(tmp_path_factory):
     root = tmp_path_factory.mktemp("corpora")
-    short = prepare(WIKITEXT, VOCAB, root / "short", max_seq_length=64, shard_size=20,
-                    progress=False)  # fmt: skip
-    long = prepare(WIKITEXT, VOCAB, root / "long", max_seq_length=128, shard_size=30,
-                   progress=False, seed=7)  # fmt: skip
+    short = prepare(
+        WIKITEXT, VOCAB, root / "short", max_seq_length=64, shard_size=20, progress=False
+    )
+    long = prepare(
+        WIKITEXT, VOCAB, root / "long", max_seq_length=128, shard_size=30, progress=False, seed=7
+    )
     held = prepare(WIKITEXT, VOCAB, root / "held", max_seq_length=64, progress=False, seed=99)
     config = root / "tiny.json"
     BertConfig(**TINY).save_pretrained(root)
@@ -47,9 +55,16 @@ def corpora(tmp_path_factory):
 
 
 def _stream(directory, batch, rank=0, world=1, **kw):
-    return CorpusStream(directory, batch, MaskingConfig(max_predictions=10),
-                        mask_token_id=MASK_ID, vocab_size=30522, rank=rank, world_size=world,
-                        **kw)  # fmt: skip
+    return CorpusStream(
+        directory,
+        batch,
+        MaskingConfig(max_predictions=10),
+        mask_token_id=MASK_ID,
+        vocab_size=30522,
+        rank=rank,
+        world_size=world,
+        **kw,
+    )
 
 
 def _n_shards(directory) -> int:
@@ -87,11 +102,15 @@ def test_every_example_once_per_pass_then_reshuffled(corpora):
     stream = _stream(corpora["short"], 4)
     sizes = stream.sizes
     k = 0
-    per_pass = [sorted(stream._example(k, p)[0] for p in range(e * sizes[k], (e + 1) * sizes[k]))
-                for e in range(2)]  # fmt: skip
+    per_pass = [
+        sorted(stream._example(k, p)[0] for p in range(e * sizes[k], (e + 1) * sizes[k]))
+        for e in range(2)
+    ]
     assert per_pass[0] == per_pass[1] == list(range(sizes[k]))
-    order = [[stream._example(k, p)[0] for p in range(e * sizes[k], (e + 1) * sizes[k])]
-             for e in range(2)]  # fmt: skip
+    order = [
+        [stream._example(k, p)[0] for p in range(e * sizes[k], (e + 1) * sizes[k])]
+        for e in range(2)
+    ]
     assert order[0] != order[1]
 
 
@@ -132,9 +151,13 @@ def test_objective_matches_the_model_loss(corpora):
     model = BertForPreTraining(BertConfig(**TINY)).eval()
     batch = _stream(corpora["short"], 6)(0, 0)
     loss, m = PretrainingObjective(model)(**batch)
-    ref = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                token_type_ids=batch["token_type_ids"], labels=batch["labels"],
-                next_sentence_label=batch["next_sentence_label"])  # fmt: skip
+    ref = model(
+        input_ids=batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        token_type_ids=batch["token_type_ids"],
+        labels=batch["labels"],
+        next_sentence_label=batch["next_sentence_label"],
+    )
     assert abs(float(loss.detach()) - float(ref.loss.detach())) < 1e-5
     keep = batch["labels"] != IGNORE_INDEX
     acc = (ref.prediction_logits[keep].argmax(-1) == batch["labels"][keep]).float().mean()
@@ -144,10 +167,12 @@ def test_objective_matches_the_model_loss(corpora):
 
 
 def test_evaluation_batches_are_fixed_and_cover_the_sample(corpora):
-    a = evaluation_batches(corpora["held"], 50, 16, MaskingConfig(max_predictions=10), MASK_ID,
-                           30522)  # fmt: skip
-    b = evaluation_batches(corpora["held"], 50, 16, MaskingConfig(max_predictions=10), MASK_ID,
-                           30522)  # fmt: skip
+    a = evaluation_batches(
+        corpora["held"], 50, 16, MaskingConfig(max_predictions=10), MASK_ID, 30522
+    )
+    b = evaluation_batches(
+        corpora["held"], 50, 16, MaskingConfig(max_predictions=10), MASK_ID, 30522
+    )
     assert [x["input_ids"].shape[0] for x in a] == [16, 16, 16, 2]
     assert all(torch.equal(x["labels"], y["labels"]) for x, y in zip(a, b, strict=True))
     torch.manual_seed(0)
@@ -160,13 +185,13 @@ def test_evaluation_batches_are_fixed_and_cover_the_sample(corpora):
 # ============================================================================ runs
 def _config(corpora, out, steps=6, **kw) -> PretrainConfig:
     train_kw = {k: kw.pop(k) for k in list(kw) if k in TrainConfig.__dataclass_fields__}
-    tc = TrainConfig(out_dir=str(out), steps=steps, lr=1e-3, warmup_steps=1, log_every=100,
-                     **train_kw)  # fmt: skip
+    tc = TrainConfig(
+        out_dir=str(out), steps=steps, lr=1e-3, warmup_steps=1, log_every=100, **train_kw
+    )
     kw.setdefault("eval_data", str(corpora["held"]))
     kw.setdefault("data", str(corpora["short"]))
     kw.setdefault("model", str(corpora["config"]))
-    return PretrainConfig(train=tc,
-                          batch_size=8, eval_examples=24, **kw)  # fmt: skip
+    return PretrainConfig(train=tc, batch_size=8, eval_examples=24, **kw)
 
 
 def _losses(run: Path) -> list[dict]:
@@ -176,8 +201,17 @@ def _losses(run: Path) -> list[dict]:
 def test_run_saves_a_model_transformers_loads_identically(corpora, tmp_path):
     transformers = pytest.importorskip("transformers", reason="transformers is a test extra")
     run = tmp_path / "run"
-    metrics = pretrain(_config(corpora, run, steps=6, long_data=str(corpora["long"]),
-                               long_fraction=0.34, long_batch_size=4, eval_every=3))  # fmt: skip
+    metrics = pretrain(
+        _config(
+            corpora,
+            run,
+            steps=6,
+            long_data=str(corpora["long"]),
+            long_fraction=0.34,
+            long_batch_size=4,
+            eval_every=3,
+        )
+    )
     assert metrics["step"] == 6
     rows = _losses(run)
     assert [r["step"] for r in rows] == list(range(1, 7))
@@ -188,13 +222,17 @@ def test_run_saves_a_model_transformers_loads_identically(corpora, tmp_path):
     settings = json.loads((run / "run.json").read_text())
     assert settings["long_fraction"] == 0.34 and settings["train"]["steps"] == 6
     model_dir = run / "model"
-    assert {"config.json", "model.safetensors", "vocab.txt"} <= {p.name for p in
-                                                                 model_dir.iterdir()}  # fmt: skip
+    assert {"config.json", "model.safetensors", "vocab.txt"} <= {
+        p.name for p in model_dir.iterdir()
+    }
     ours = BertForPreTraining.from_pretrained(model_dir).eval()
     theirs = transformers.BertForPreTraining.from_pretrained(model_dir).eval()
     tok = bertlab.BertTokenizer.from_pretrained(model_dir)
-    batch = tok(["the cat sat on the mat .", "a longer second sentence about cats"],
-                padding=True, return_tensors="pt")  # fmt: skip
+    batch = tok(
+        ["the cat sat on the mat .", "a longer second sentence about cats"],
+        padding=True,
+        return_tensors="pt",
+    )
     with torch.no_grad():
         a, b = ours(**batch), theirs(**batch)
     real = batch["attention_mask"].bool()  # (bertlab's packed path leaves padding at zero)
@@ -227,14 +265,48 @@ def test_stopped_and_resumed_run_gives_the_same_losses(corpora, tmp_path, monkey
 def test_two_processes_give_the_loss_curve_of_one(corpora, tmp_path):
     """torchrun with 2 gloo processes against 1 process, at the same global batch of 8."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    args = ["pretrain", "--data", str(corpora["short"]), "--model", str(corpora["config"]),
-            "--steps", "5", "--batch-size", "8", "--grad-accum", "2", "--lr", "1e-3",
-            "--dropout", "0", "--log-every", "100", "--save-every", "0"]  # fmt: skip
+    args = [
+        "pretrain",
+        "--data",
+        str(corpora["short"]),
+        "--model",
+        str(corpora["config"]),
+        "--steps",
+        "5",
+        "--batch-size",
+        "8",
+        "--grad-accum",
+        "2",
+        "--lr",
+        "1e-3",
+        "--dropout",
+        "0",
+        "--log-every",
+        "100",
+        "--save-every",
+        "0",
+    ]
     one, two = tmp_path / "one", tmp_path / "two"
     assert main([*args, "-o", str(one)]) == 0
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc-per-node", "2", "-m", "bertlab.cli", *args, "-o", str(two)],
-                          env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "bertlab",
+            *args,
+            "-o",
+            str(two),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     a, b = _losses(one), _losses(two)
     assert len(a) == len(b) == 5
@@ -249,11 +321,28 @@ def test_two_processes_give_the_loss_curve_of_one(corpora, tmp_path):
 
 def test_mlm_only_corpus_trains_a_masked_lm(corpora, tmp_path):
     transformers = pytest.importorskip("transformers", reason="transformers is a test extra")
-    mlm_only = prepare(WIKITEXT, VOCAB, tmp_path / "mlm", max_seq_length=64, nsp=False,
-                       shard_size=40, progress=False)  # fmt: skip
+    mlm_only = prepare(
+        WIKITEXT,
+        VOCAB,
+        tmp_path / "mlm",
+        max_seq_length=64,
+        nsp=False,
+        shard_size=40,
+        progress=False,
+    )
     run = tmp_path / "run"
-    pretrain(_config(corpora, run, steps=3, data=str(mlm_only), eval_data=None,
-                     masking="static", whole_word=True, precision="bfloat16"))  # fmt: skip
+    pretrain(
+        _config(
+            corpora,
+            run,
+            steps=3,
+            data=str(mlm_only),
+            eval_data=None,
+            masking="static",
+            whole_word=True,
+            precision="bfloat16",
+        )
+    )
     rows = _losses(run)
     assert all("nsp_loss" not in r and r["mlm_loss"] > 0 for r in rows)
     config = json.loads((run / "model" / "config.json").read_text())
@@ -264,8 +353,9 @@ def test_mlm_only_corpus_trains_a_masked_lm(corpora, tmp_path):
     with torch.no_grad():
         assert (ours(ids).logits - theirs(ids).logits).abs().max() < 1e-5
     with pytest.raises(ValueError, match="--no-nsp"):
-        pretrain(_config(corpora, tmp_path / "mixed", data=str(mlm_only),
-                         eval_data=str(corpora["held"])))  # fmt: skip
+        pretrain(
+            _config(corpora, tmp_path / "mixed", data=str(mlm_only), eval_data=str(corpora["held"]))
+        )
 
 
 def test_plot_draws_the_curves(corpora, tmp_path):
@@ -291,8 +381,19 @@ def test_run_folder_holding_a_run_is_refused(corpora, tmp_path, capsys):
     assert len(_losses(run)) == 3
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         pretrain(_config(corpora, tmp_path / "new", steps=2, eval_data=None), resume=True)
-    code = main(["pretrain", "--data", str(corpora["short"]), "--model", str(corpora["config"]),
-                 "--steps", "2", "-o", str(run)])  # fmt: skip
+    code = main(
+        [
+            "pretrain",
+            "--data",
+            str(corpora["short"]),
+            "--model",
+            str(corpora["config"]),
+            "--steps",
+            "2",
+            "-o",
+            str(run),
+        ]
+    )
     assert code == 2 and "already holds a run" in capsys.readouterr().err
 
 

@@ -24,7 +24,7 @@ def test_ci_runs_the_readme_test_command():
 
 
 def test_readme_parameter_table_is_what_bertlab_prints(capsys):
-    from bertlab.cli import main
+    from bertlab.cli.main import main
 
     main(["summary", "base", "--head", "pretraining", "--vocab-size", "30000", "--collapse"])
     printed = capsys.readouterr().out.strip()

@@ -92,7 +92,7 @@ def test_loads_with_strict_key_accounting(ours, model_dir):
     state = bertlab.read_state_dict(model_dir)
     own = model.state_dict()
     for key, tensor in state.items():
-        key = bertlab.checkpoint.canonical_key(key)
+        key = bertlab.io.checkpoint.canonical_key(key)
         if key in own:
             assert torch.equal(own[key], tensor), key
 

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from bertlab import BertConfig
-from bertlab.summary import (
+from bertlab.explore.summary import (
     HEADS,
     TIED,
     build_for_summary,

@@ -47,30 +47,41 @@ def test_sst2_columns_and_labels_are_detected(tok):
 
 
 def test_pairs_csv_jsonl_and_regression(tmp_path, tok):
-    csv_file = _write(tmp_path / "mnli.csv", 'premise,hypothesis,gold_label\n'
-                      '"A man, tall.",He is tall.,entailment\nA cat.,A dog.,contradiction\n'
-                      'Rain.,Maybe wet.,neutral\n')  # fmt: skip
+    csv_file = _write(
+        tmp_path / "mnli.csv",
+        "premise,hypothesis,gold_label\n"
+        '"A man, tall.",He is tall.,entailment\nA cat.,A dog.,contradiction\n'
+        "Rain.,Maybe wet.,neutral\n",
+    )
     data = read_classification(csv_file)
     assert data.columns == ("premise", "hypothesis", "gold_label")
     assert data.texts[0] == "A man, tall." and data.pairs[1] == "A dog."
     assert data.label_names == ["contradiction", "entailment", "neutral"]
     features, _ = encode_classification(tok, data)
     assert set(features[0]["token_type_ids"]) == {0, 1}  # [CLS] A [SEP] B [SEP]
-    sts = _write(tmp_path / "sts.jsonl", '{"sentence1": "a", "sentence2": "b", "score": 3.8}\n'
-                 '{"sentence1": "c", "sentence2": "d", "score": 1}\n')  # fmt: skip
+    sts = _write(
+        tmp_path / "sts.jsonl",
+        '{"sentence1": "a", "sentence2": "b", "score": 3.8}\n'
+        '{"sentence1": "c", "sentence2": "d", "score": 1}\n',
+    )
     reg = read_classification(sts)
     assert reg.regression and reg.labels == [3.8, 1.0] and "regression" in reg.describe()
-    named = read_classification(_write(tmp_path / "x.tsv", "id\tbody\tstars\n1\tgood\t5\n"
-                                       "2\tbad\t1\n3\tok\t10\n"),
-                                text_column="body", label_column="stars")  # fmt: skip
+    named = read_classification(
+        _write(tmp_path / "x.tsv", "id\tbody\tstars\n1\tgood\t5\n2\tbad\t1\n3\tok\t10\n"),
+        text_column="body",
+        label_column="stars",
+    )
     assert named.label_names == ["1", "5", "10"]  # integers sort as numbers
 
 
 def test_dev_file_label_never_in_training_is_named(tmp_path):
     train = read_classification(SST2)
     dev = _write(tmp_path / "dev.tsv", "sentence\tlabel\nfine\t1\nodd\t2\n")
-    with pytest.raises(ValueError, match=r"dev.tsv, line 3: label '2' never appears in the "
-                       r"training data \(labels: 0, 1\)"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"dev.tsv, line 3: label '2' never appears in the "
+        r"training data \(labels: 0, 1\)",
+    ):
         read_classification(dev, like=train)
     same = read_classification(_write(tmp_path / "ok.tsv", "sentence\tlabel\na\t1\n"), like=train)
     assert same.labels == [1] and same.label_names == ["0", "1"]
@@ -101,8 +112,11 @@ def test_conll_reads_sentences_and_labels_first_pieces(tok):
     assert cut == 0
     index = {n: i for i, n in enumerate(data.label_names)}
     for f, tags in zip(features, data.tags, strict=True):
-        firsts = [i for i, w in enumerate(f["word_ids"])
-                  if w is not None and (i == 0 or f["word_ids"][i - 1] != w)]  # fmt: skip
+        firsts = [
+            i
+            for i, w in enumerate(f["word_ids"])
+            if w is not None and (i == 0 or f["word_ids"][i - 1] != w)
+        ]
         assert [f["labels"][i] for i in firsts] == [index[t] for t in tags]
         others = set(range(len(f["labels"]))) - set(firsts)
         assert all(f["labels"][i] == IGNORE_INDEX for i in others)
@@ -134,8 +148,11 @@ def test_truncated_words_are_counted_and_predicted_o(tok):
 
 
 def test_conll_bad_files(tmp_path):
-    with pytest.raises(ValueError, match=r"x.txt, line 2: 2 columns, but the file's first token "
-                       r"line has 4"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"x.txt, line 2: 2 columns, but the file's first token "
+        r"line has 4",
+    ):
         read_conll(_write(tmp_path / "x.txt", "EU NNP I-NP B-ORG\nrejects O\n"))
     with pytest.raises(ValueError, match=r"line 1: tag 'PERSON' is not O, B-TYPE or I-TYPE"):
         read_conll(_write(tmp_path / "y.txt", "Ann PERSON\n"))
@@ -188,13 +205,41 @@ def test_best_answers_reads_spans_back_from_logits(tok):
 def _squad_v2(france_at: int) -> str:
     """Three questions on one sentence: answerable, unanswerable, and one whose answer is
     given at ``france_at``."""
-    return json.dumps({"version": "v2.0", "data": [{"title": "T", "paragraphs": [{
-        "context": "Paris is the capital of France.",
-        "qas": [{"id": "q1", "question": "What is the capital?", "is_impossible": False,
-                 "answers": [{"text": "Paris", "answer_start": 0}]},
-                {"id": "q2", "question": "Who?", "is_impossible": True, "answers": []},
-                {"id": "q3", "question": "Which country?", "is_impossible": False,
-                 "answers": [{"text": "France", "answer_start": france_at}]}]}]}]})  # fmt: skip
+    return json.dumps(
+        {
+            "version": "v2.0",
+            "data": [
+                {
+                    "title": "T",
+                    "paragraphs": [
+                        {
+                            "context": "Paris is the capital of France.",
+                            "qas": [
+                                {
+                                    "id": "q1",
+                                    "question": "What is the capital?",
+                                    "is_impossible": False,
+                                    "answers": [{"text": "Paris", "answer_start": 0}],
+                                },
+                                {
+                                    "id": "q2",
+                                    "question": "Who?",
+                                    "is_impossible": True,
+                                    "answers": [],
+                                },
+                                {
+                                    "id": "q3",
+                                    "question": "Which country?",
+                                    "is_impossible": False,
+                                    "answers": [{"text": "France", "answer_start": france_at}],
+                                },
+                            ],
+                        }
+                    ],
+                }
+            ],
+        }
+    )
 
 
 def test_squad_v2_and_bad_answers(tmp_path, tok):
@@ -207,8 +252,7 @@ def test_squad_v2_and_bad_answers(tmp_path, tok):
     features = encode_squad(tok, data, max_length=64, doc_stride=16, max_query_length=16)
     used = {data.examples[f["example"]].id for f in features}
     assert used == {"q1", "q2"}  # q3's only answer is off its offset: not a training target
-    assert [f["start_positions"] for f in features if data.examples[f["example"]].id == "q2"
-            ] == [0]  # fmt: skip
+    assert [f["start_positions"] for f in features if data.examples[f["example"]].id == "q2"] == [0]
     evaluation = encode_squad(tok, data, max_length=64, doc_stride=16, training=False)
     assert {data.examples[f["example"]].id for f in evaluation} == {"q1", "q2", "q3"}
 

@@ -454,11 +454,13 @@ def test_convert_tokens_and_ids_round_trip(trio):
 # ================================================================================ batches
 SINGLE_CALLS = {
     "longest": dict(padding="longest"),
-    "max_length-longest_first": dict(padding="max_length", truncation="longest_first",
-                                     max_length=48),
-    "longest-only_first-multiple8": dict(padding=True, truncation="only_first", max_length=24,
-                                         pad_to_multiple_of=8),
-}  # fmt: skip
+    "max_length-longest_first": dict(
+        padding="max_length", truncation="longest_first", max_length=48
+    ),
+    "longest-only_first-multiple8": dict(
+        padding=True, truncation="only_first", max_length=24, pad_to_multiple_of=8
+    ),
+}
 
 
 # Both vocabularies on the fixtures; on the shared data (~94,000 texts, ~8 s a call pattern)
@@ -967,25 +969,35 @@ def test_stride_not_smaller_than_window(uncased):
     text = "the quick brown fox jumps over the lazy dog " * 4
     for stride in (8, 9, 50):  # max_length 10 less 2 special tokens: a window of 8
         with pytest.raises(ValueError, match=rf"stride {stride} must be smaller than the window"):
-            uncased.ours(text, truncation=True, max_length=10, stride=stride,
-                         return_overflowing_tokens=True)  # fmt: skip
-    enc = uncased.ours(text, truncation=True, max_length=10, stride=7,
-                       return_overflowing_tokens=True)  # fmt: skip
-    ref = uncased.fast(text, truncation=True, max_length=10, stride=7,
-                       return_overflowing_tokens=True)  # fmt: skip
+            uncased.ours(
+                text, truncation=True, max_length=10, stride=stride, return_overflowing_tokens=True
+            )
+    enc = uncased.ours(
+        text, truncation=True, max_length=10, stride=7, return_overflowing_tokens=True
+    )
+    ref = uncased.fast(
+        text, truncation=True, max_length=10, stride=7, return_overflowing_tokens=True
+    )
     assert enc["input_ids"] == ref["input_ids"]
     q, c = "what is it", text  # pair window: 20 - 3 - 3 question tokens = 14
     with pytest.raises(ValueError, match=r"example 0: .* window of 14 tokens .* for stride 14"):
-        uncased.ours(q, c, truncation="only_second", max_length=20, stride=14,
-                     return_overflowing_tokens=True)  # fmt: skip
+        uncased.ours(
+            q, c, truncation="only_second", max_length=20, stride=14, return_overflowing_tokens=True
+        )
 
 
 def test_question_longer_than_the_window(uncased):
     questions = ["short?", "what " * 70 + "?", "also short?"]
     contexts = ["a context " * 30] * 3
     with pytest.raises(ValueError, match=r"example 1: its text has 71 tokens") as info:
-        uncased.ours(questions, contexts, truncation="only_second", max_length=64, stride=16,
-                     return_overflowing_tokens=True)  # fmt: skip
+        uncased.ours(
+            questions,
+            contexts,
+            truncation="only_second",
+            max_length=64,
+            stride=16,
+            return_overflowing_tokens=True,
+        )
     assert "max_length 64" in str(info.value)
     with pytest.raises(ValueError, match=r"example 1: its text has 71 tokens"):
         uncased.ours(questions, contexts, truncation="only_second", max_length=64)

@@ -8,10 +8,16 @@ import pytest
 import torch
 
 from bertlab import BertConfig, BertForPreTraining
-from bertlab.train import TrainConfig, linear_schedule, param_groups, train
+from bertlab.train.loop import TrainConfig, linear_schedule, param_groups, train
 
-CFG = BertConfig(vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                 intermediate_size=48, max_position_embeddings=32)  # fmt: skip
+CFG = BertConfig(
+    vocab_size=60,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=48,
+    max_position_embeddings=32,
+)
 
 
 def data(step: int, micro: int) -> dict[str, torch.Tensor]:
@@ -23,8 +29,12 @@ def data(step: int, micro: int) -> dict[str, torch.Tensor]:
     chosen = (torch.rand(4, 16, generator=g) < 0.2) & mask.bool()
     labels = torch.where(chosen, ids, -100)
     nsp = torch.randint(0, 2, (4,), generator=g)
-    return {"input_ids": ids * mask, "attention_mask": mask, "labels": labels,
-            "next_sentence_label": nsp}  # fmt: skip
+    return {
+        "input_ids": ids * mask,
+        "attention_mask": mask,
+        "labels": labels,
+        "next_sentence_label": nsp,
+    }
 
 
 def task(model, batch):
@@ -93,16 +103,28 @@ def test_no_weight_decay_on_biases_and_layernorm():
     names = {id(p): n for n, p in m.named_parameters()}
     decay, no_decay = param_groups(m, 0.01)
     assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
-    assert all(names[id(p)].endswith("weight") and "LayerNorm" not in names[id(p)]
-               for p in decay["params"])  # fmt: skip
-    assert all(names[id(p)].endswith("bias") or "LayerNorm" in names[id(p)]
-               for p in no_decay["params"])  # fmt: skip
+    assert all(
+        names[id(p)].endswith("weight") and "LayerNorm" not in names[id(p)] for p in decay["params"]
+    )
+    assert all(
+        names[id(p)].endswith("bias") or "LayerNorm" in names[id(p)] for p in no_decay["params"]
+    )
 
 
 def test_linear_warmup_then_decay():
     f = linear_schedule(4, 10)
-    assert [round(f(s), 3) for s in range(10)] == [0.25, 0.5, 0.75, 1.0, 1.0, 0.833, 0.667,
-                                                   0.5, 0.333, 0.167]  # fmt: skip
+    assert [round(f(s), 3) for s in range(10)] == [
+        0.25,
+        0.5,
+        0.75,
+        1.0,
+        1.0,
+        0.833,
+        0.667,
+        0.5,
+        0.333,
+        0.167,
+    ]
 
 
 def test_accumulation_and_lamb_train(tmp_path):
@@ -112,8 +134,10 @@ def test_accumulation_and_lamb_train(tmp_path):
     assert last < first  # it learns
 
 
-@pytest.mark.parametrize("field,value", [("steps", 0), ("optimizer", "sgd"), ("precision", "fp8"),
-                                         ("warmup_steps", 99), ("lr", 0.0)])  # fmt: skip
+@pytest.mark.parametrize(
+    "field,value",
+    [("steps", 0), ("optimizer", "sgd"), ("precision", "fp8"), ("warmup_steps", 99), ("lr", 0.0)],
+)
 def test_bad_config_is_named(field, value, tmp_path):
     with pytest.raises(ValueError, match=field):
         TrainConfig(**{"out_dir": str(tmp_path), "steps": 5, field: value})

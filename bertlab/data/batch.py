@@ -15,9 +15,11 @@ def pad(examples: Sequence[dict[str, Any]], pad_id: int = 0) -> dict[str, torch.
     if not examples:
         raise ValueError("a batch needs at least one example")
     B, T = len(examples), max(len(e["input_ids"]) for e in examples)
-    batch = {"input_ids": torch.full((B, T), pad_id, dtype=torch.long),
-             "token_type_ids": torch.zeros(B, T, dtype=torch.long),
-             "attention_mask": torch.zeros(B, T, dtype=torch.long)}  # fmt: skip
+    batch = {
+        "input_ids": torch.full((B, T), pad_id, dtype=torch.long),
+        "token_type_ids": torch.zeros(B, T, dtype=torch.long),
+        "attention_mask": torch.zeros(B, T, dtype=torch.long),
+    }
     for r, e in enumerate(examples):
         n = len(e["input_ids"])
         batch["input_ids"][r, :n] = torch.as_tensor(e["input_ids"])

@@ -22,11 +22,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..tokenizer import BertTokenizer
+from bertlab.tokenizer import BertTokenizer
 
-PAIRS = [("sentence1", "sentence2"), ("question1", "question2"), ("premise", "hypothesis"),
-         ("question", "sentence"), ("#1 String", "#2 String"), ("text_a", "text_b"),
-         ("sentence_a", "sentence_b")]  # fmt: skip
+PAIRS = [
+    ("sentence1", "sentence2"),
+    ("question1", "question2"),
+    ("premise", "hypothesis"),
+    ("question", "sentence"),
+    ("#1 String", "#2 String"),
+    ("text_a", "text_b"),
+    ("sentence_a", "sentence_b"),
+]
 SINGLES = ["sentence", "text", "review", "content", "document"]
 LABELS = ["label", "labels", "gold_label", "Quality", "score", "target", "class", "sentiment"]
 
@@ -54,8 +60,11 @@ class ClassificationData:
     def describe(self) -> str:
         text, pair, label = self.columns
         cols = f"text {text!r}" + (f", pair {pair!r}" if pair else "") + f", label {label!r}"
-        kind = ("regression" if self.regression else
-                f"{len(self.label_names)} labels: {', '.join(self.label_names)}")  # fmt: skip
+        kind = (
+            "regression"
+            if self.regression
+            else f"{len(self.label_names)} labels: {', '.join(self.label_names)}"
+        )
         return f"{self.source}: {len(self):,} examples; {cols}; {kind}"
 
 
@@ -72,16 +81,18 @@ def _rows(path: Path) -> tuple[list[str], list[tuple[int, dict[str, str]]]]:
                 except json.JSONDecodeError as e:
                     raise ValueError(f"{path}, line {n}: not JSON ({e.msg})") from None
                 if not isinstance(obj, dict):
-                    raise ValueError(f"{path}, line {n}: a JSON object is expected, got "
-                                     f"{type(obj).__name__}")  # fmt: skip
+                    raise ValueError(
+                        f"{path}, line {n}: a JSON object is expected, got {type(obj).__name__}"
+                    )
                 columns += [k for k in obj if k not in columns]
                 rows.append((n, {k: "" if v is None else str(v) for k, v in obj.items()}))
         return columns, rows
     tsv = path.suffix != ".csv"
     with open(path, encoding="utf-8", newline="") as f:
         # GLUE's TSV files are not quoted: a quote mark is text there.
-        reader = csv.reader(f, delimiter="\t" if tsv else ",",
-                            quoting=csv.QUOTE_NONE if tsv else csv.QUOTE_MINIMAL)  # fmt: skip
+        reader = csv.reader(
+            f, delimiter="\t" if tsv else ",", quoting=csv.QUOTE_NONE if tsv else csv.QUOTE_MINIMAL
+        )
         header, rows = None, []
         for record in reader:
             n = reader.line_num
@@ -91,14 +102,17 @@ def _rows(path: Path) -> tuple[list[str], list[tuple[int, dict[str, str]]]]:
             if not any(c.strip() for c in record):
                 continue
             if len(record) != len(header):
-                raise ValueError(f"{path}, line {n}: {len(record)} columns, but the header has "
-                                 f"{len(header)} ({', '.join(header)})")  # fmt: skip
+                raise ValueError(
+                    f"{path}, line {n}: {len(record)} columns, but the header has "
+                    f"{len(header)} ({', '.join(header)})"
+                )
             rows.append((n, dict(zip(header, record, strict=True))))
     return header or [], rows
 
 
-def _detect(columns: list[str], text: str | None, pair: str | None, label: str | None,
-            path: Path) -> tuple[str, str | None, str]:  # fmt: skip
+def _detect(
+    columns: list[str], text: str | None, pair: str | None, label: str | None, path: Path
+) -> tuple[str, str | None, str]:
     for name in (text, pair, label):
         if name is not None and name not in columns:
             raise ValueError(f"{path} has no column {name!r} (columns: {', '.join(columns)})")
@@ -186,8 +200,9 @@ def read_classification(
     return ClassificationData(texts, pairs, labels, names, (text, pair, label), str(path), lines)
 
 
-def encode_classification(tokenizer: BertTokenizer, data: ClassificationData,
-                          max_length: int = 128) -> tuple[list[dict[str, Any]], int]:  # fmt: skip
+def encode_classification(
+    tokenizer: BertTokenizer, data: ClassificationData, max_length: int = 128
+) -> tuple[list[dict[str, Any]], int]:
     """Tokenize (pairs as [CLS] A [SEP] B [SEP], the longer side truncated first): a list of
     {input_ids, token_type_ids, labels} (unpadded), and the number of truncated examples."""
     enc = tokenizer(data.texts, data.pairs, truncation=False, return_attention_mask=False)
@@ -195,10 +210,17 @@ def encode_classification(tokenizer: BertTokenizer, data: ClassificationData,
     long = [i for i, x in enumerate(ids) if len(x) > max_length]
     if long:  # only those are encoded again, with truncation
         pairs = None if data.pairs is None else [data.pairs[i] for i in long]
-        again = tokenizer([data.texts[i] for i in long], pairs, truncation=True,
-                          max_length=max_length, return_attention_mask=False)  # fmt: skip
+        again = tokenizer(
+            [data.texts[i] for i in long],
+            pairs,
+            truncation=True,
+            max_length=max_length,
+            return_attention_mask=False,
+        )
         for i, x, t in zip(long, again["input_ids"], again["token_type_ids"], strict=True):
             ids[i], types[i] = x, t
-    features = [{"input_ids": x, "token_type_ids": t, "labels": y}
-                for x, t, y in zip(ids, types, data.labels, strict=True)]  # fmt: skip
+    features = [
+        {"input_ids": x, "token_type_ids": t, "labels": y}
+        for x, t, y in zip(ids, types, data.labels, strict=True)
+    ]
     return features, len(long)

@@ -40,14 +40,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..checkpoint import atomic_write
-from ..tokenizer import BertTokenizer
-from .batch import pad
+from bertlab.data.batch import pad
+from bertlab.io.checkpoint import atomic_write
+from bertlab.tokenizer import BertTokenizer
 
 FORMAT, VERSION = "bertlab-pretraining-corpus", 1
 BLOCK_BYTES = 1 << 20
-STATS = ("documents", "documents_skipped", "single_document_blocks", "random_next",
-         "chunks_dropped")  # fmt: skip
+STATS = (
+    "documents",
+    "documents_skipped",
+    "single_document_blocks",
+    "random_next",
+    "chunks_dropped",
+)
 
 # ============================================================================ reading
 _TITLE = re.compile(r"= (?!=)(?:.*[^=])? =")  # " = Title = " once stripped, not " = = Sub = = "
@@ -125,8 +130,10 @@ def read_documents(
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}, line {_line_number(path, pos)}: not JSON: {e}") from None
             if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-                raise ValueError(f"{path}, line {_line_number(path, pos)}: expected an object "
-                                 f"with a string 'text' field, got {text[:60]!r}")  # fmt: skip
+                raise ValueError(
+                    f"{path}, line {_line_number(path, pos)}: expected an object "
+                    f"with a string 'text' field, got {text[:60]!r}"
+                )
             yield [p.strip() for p in record["text"].split("\n") if p.strip()]
         elif layout == "plain" and not text and doc is not None:  # a blank line ends a document
             yield doc
@@ -198,8 +205,14 @@ def _truncate_pair(a: list[int], b: list[int], max_num_tokens: int, rng: random.
     return a[span[0][0] : span[0][1]], b[span[1][0] : span[1][1]]
 
 
-def _pairs(docs: list, d: int, rng: random.Random, max_num_tokens: int, short_seq_prob: float,
-           stats: dict[str, int]) -> Iterator[tuple[list[int], list[int], bool]]:  # fmt: skip
+def _pairs(
+    docs: list,
+    d: int,
+    rng: random.Random,
+    max_num_tokens: int,
+    short_seq_prob: float,
+    stats: dict[str, int],
+) -> Iterator[tuple[list[int], list[int], bool]]:
     """The original ``create_instances_from_document`` for document ``d`` of a block (``docs``:
     documents as lists of sentences, sentences as lists of ids): (A, B, B is random) triples."""
     doc, target = docs[d], max_num_tokens
@@ -262,8 +275,11 @@ def _singles(doc: list, rng: random.Random, limit: int, short_seq_prob: float):
 
 # ============================================================================ one block
 # One block of one file, and the settings: all that a worker process receives.
-_Job = namedtuple("_Job", "file_index block_index path layout start end vocab_dir max_seq_length "
-                  "short_seq_prob dupe_factor nsp seed dtype")  # fmt: skip
+_Job = namedtuple(
+    "_Job",
+    "file_index block_index path layout start end vocab_dir max_seq_length "
+    "short_seq_prob dupe_factor nsp seed dtype",
+)
 _TOKENIZERS: dict[str, BertTokenizer] = {}  # one per process, loaded for its first block
 
 
@@ -280,14 +296,25 @@ def _run_block(job: _Job) -> tuple:
             sentences += split_sentences(paragraph)
         counts.append(len(sentences) - before)
     # One batch call for the whole block: the engine spreads it over all cores.
-    ids = tok(sentences, add_special_tokens=False, return_token_type_ids=False,
-              return_attention_mask=False)["input_ids"] if sentences else []  # fmt: skip
+    ids = (
+        tok(
+            sentences,
+            add_special_tokens=False,
+            return_token_type_ids=False,
+            return_attention_mask=False,
+        )["input_ids"]
+        if sentences
+        else []
+    )
     ends = np.cumsum(counts, dtype=np.int64)
     docs = [[x for x in ids[e - n : e] if x] for n, e in zip(counts, ends, strict=True)]
     docs = [doc for doc in docs if doc]  # (a sentence of control characters has no ids)
     stats = dict.fromkeys(STATS, 0)
-    stats.update(documents=len(docs), documents_skipped=len(counts) - len(docs),
-                 single_document_blocks=int(job.nsp and len(docs) == 1))  # fmt: skip
+    stats.update(
+        documents=len(docs),
+        documents_skipped=len(counts) - len(docs),
+        single_document_blocks=int(job.nsp and len(docs) == 1),
+    )
     flat, lengths, seps, labels = [], [], [], []
     cls, sep = tok.cls_token_id, tok.sep_token_id
     for dupe in range(job.dupe_factor):
@@ -305,8 +332,13 @@ def _run_block(job: _Job) -> tuple:
                 seps.append(len(a) + 1)
                 labels.append(int(is_random))
     stats["random_next"] = sum(labels)
-    return (np.array(flat, dtype=job.dtype), np.array(lengths, dtype=np.int64),
-            np.array(seps, dtype=np.int32), np.array(labels, dtype=np.int8), stats)  # fmt: skip
+    return (
+        np.array(flat, dtype=job.dtype),
+        np.array(lengths, dtype=np.int64),
+        np.array(seps, dtype=np.int32),
+        np.array(labels, dtype=np.int8),
+        stats,
+    )
 
 
 # ============================================================================ writing
@@ -315,9 +347,12 @@ def _write_shard(out: Path, k: int, examples: list[tuple[np.ndarray, int, int]])
     offsets = np.zeros(len(examples) + 1, dtype=np.int64)
     np.cumsum([len(ids) for ids, _, _ in examples], out=offsets[1:])
     name = f"shard_{k:05d}"
-    arrays = {"input_ids": np.concatenate([ids for ids, _, _ in examples]), "offsets": offsets,
-              "sep": np.array([s for _, s, _ in examples], dtype=np.int32),
-              "nsp": np.array([x for _, _, x in examples], dtype=np.int8)}  # fmt: skip
+    arrays = {
+        "input_ids": np.concatenate([ids for ids, _, _ in examples]),
+        "offsets": offsets,
+        "sep": np.array([s for _, s, _ in examples], dtype=np.int32),
+        "nsp": np.array([x for _, _, x in examples], dtype=np.int8),
+    }
     for key, array in arrays.items():
 
         def save(tmp: str, array: np.ndarray = array) -> None:
@@ -359,26 +394,41 @@ def prepare(
     if not 0.0 <= short_seq_prob <= 1.0:
         raise ValueError(f"short_seq_prob must be in [0, 1], got {short_seq_prob!r}")
     # max_seq_length: a token each in A and B, and the three special tokens
-    for name, value, least in (("max_seq_length", max_seq_length, 5), ("shard_size", shard_size, 1),
-                               ("dupe_factor", dupe_factor, 1), ("workers", workers, 1),
-                               ("block_bytes", block_bytes, 1)):  # fmt: skip
+    for name, value, least in (
+        ("max_seq_length", max_seq_length, 5),
+        ("shard_size", shard_size, 1),
+        ("dupe_factor", dupe_factor, 1),
+        ("workers", workers, 1),
+        ("block_bytes", block_bytes, 1),
+    ):
         if not isinstance(value, int) or value < least:
             raise ValueError(f"{name} must be an integer of at least {least}, got {value!r}")
     out = Path(output_dir)
     if not overwrite and ((out / "meta.json").exists() or any(out.glob("shard_*.npy"))):
-        raise FileExistsError(f"{out} already holds a prepared corpus (or part of one); pass "
-                              "overwrite=True to replace it")  # fmt: skip
+        raise FileExistsError(
+            f"{out} already holds a prepared corpus (or part of one); pass "
+            "overwrite=True to replace it"
+        )
 
     tok = BertTokenizer.from_pretrained(vocab_dir)
     vocab_size = max(tok.vocab.values()) + 1
-    settings = dict(vocab_dir=str(vocab_dir), max_seq_length=max_seq_length, nsp=nsp, seed=seed,
-                    short_seq_prob=short_seq_prob, dupe_factor=dupe_factor,
-                    dtype="uint16" if vocab_size < 65536 else "int32")  # fmt: skip
-    sources = [{"path": str(p), "bytes": p.stat().st_size, "layout": detect_layout(p)}
-               for p in files]  # fmt: skip
-    jobs = [_Job(i, k, s["path"], s["layout"], k * block_bytes, (k + 1) * block_bytes, **settings)
-            for i, s in enumerate(sources)
-            for k in range(max(1, -(-s["bytes"] // block_bytes)))]  # fmt: skip
+    settings = dict(
+        vocab_dir=str(vocab_dir),
+        max_seq_length=max_seq_length,
+        nsp=nsp,
+        seed=seed,
+        short_seq_prob=short_seq_prob,
+        dupe_factor=dupe_factor,
+        dtype="uint16" if vocab_size < 65536 else "int32",
+    )
+    sources = [
+        {"path": str(p), "bytes": p.stat().st_size, "layout": detect_layout(p)} for p in files
+    ]
+    jobs = [
+        _Job(i, k, s["path"], s["layout"], k * block_bytes, (k + 1) * block_bytes, **settings)
+        for i, s in enumerate(sources)
+        for k in range(max(1, -(-s["bytes"] // block_bytes)))
+    ]
     totals, shards, pending = dict.fromkeys(STATS, 0), [], []
     examples = tokens = files_done = 0
     show = progress and sys.stderr.isatty()
@@ -420,11 +470,22 @@ def prepare(
             f"ones skipped, {totals['chunks_dropped']} too short to make a sentence pair (one "
             "token, and no other document to pair it with); is the corpus empty?"
         )
-    meta = {"format": FORMAT, "version": VERSION, "vocab_size": vocab_size,
-            "do_lower_case": tok.do_lower_case, "cls_token_id": tok.cls_token_id,
-            "sep_token_id": tok.sep_token_id, "pad_token_id": tok.pad_token_id, **settings,
-            "block_bytes": block_bytes, "num_examples": examples, "num_tokens": tokens,
-            **totals, "shards": shards, "inputs": sources}  # fmt: skip
+    meta = {
+        "format": FORMAT,
+        "version": VERSION,
+        "vocab_size": vocab_size,
+        "do_lower_case": tok.do_lower_case,
+        "cls_token_id": tok.cls_token_id,
+        "sep_token_id": tok.sep_token_id,
+        "pad_token_id": tok.pad_token_id,
+        **settings,
+        "block_bytes": block_bytes,
+        "num_examples": examples,
+        "num_tokens": tokens,
+        **totals,
+        "shards": shards,
+        "inputs": sources,
+    }
     text = json.dumps(meta, indent=2) + "\n"
     atomic_write(out / "meta.json", lambda p: Path(p).write_text(text, "utf-8"))
     return out
@@ -464,9 +525,13 @@ class PretrainingCorpus(torch.utils.data.Dataset):
         self._open()
 
     def _open(self) -> None:
-        self._shards = [{key: np.load(self.directory / f"{name}.{key}.npy", mmap_mode="r")
-                         for key in ("input_ids", "offsets", "sep", "nsp")}
-                        for name in self._names]  # fmt: skip
+        self._shards = [
+            {
+                key: np.load(self.directory / f"{name}.{key}.npy", mmap_mode="r")
+                for key in ("input_ids", "offsets", "sep", "nsp")
+            }
+            for name in self._names
+        ]
         for name, shard, n in zip(self._names, self._shards, np.diff(self._starts), strict=True):
             if len(shard["offsets"]) != n + 1:
                 raise ValueError(f"{name} in {self.directory} does not match meta.json")

@@ -14,7 +14,7 @@ BERT pre-trains by hiding some input tokens and predicting them from both sides 
    a token that fine-tuning never shows it).
 
 The labels hold the original id at the chosen positions and -100 (ignored by the loss, as in
-``bertlab.heads``) elsewhere.
+``bertlab.nn.heads``) elsewhere.
 
 Everything is batched tensor work, with no Python loop over tokens or rows: shuffling is a sort
 of random scores, and the greedy pass of step 3 runs as a few rounds of prefix sums over all rows
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-IGNORE_INDEX = -100  # the label the MLM loss skips (bertlab.heads, torch cross_entropy)
+IGNORE_INDEX = -100  # the label the MLM loss skips (bertlab.nn.heads, torch cross_entropy)
 
 
 @dataclass(frozen=True)
@@ -62,8 +62,13 @@ class MaskingConfig:
             raise ValueError(f"MaskingConfig.max_predictions must be an integer >= 1, got {mp!r}")
 
     @classmethod
-    def for_length(cls, seq_len: int, rate: float = 0.15, max_predictions: int | None = None,
-                   whole_word: bool = False) -> MaskingConfig:  # fmt: skip
+    def for_length(
+        cls,
+        seq_len: int,
+        rate: float = 0.15,
+        max_predictions: int | None = None,
+        whole_word: bool = False,
+    ) -> MaskingConfig:
         """For sequences of up to ``seq_len`` tokens: the cap defaults to ceil(rate * seq_len)
         (20 at 128 and 77 at 512 for 15%, near the original's 20 and 80)."""
         cap = max_predictions or math.ceil(rate * seq_len)

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from ..tokenizer import BertTokenizer
+from bertlab.tokenizer import BertTokenizer
 
 
 @dataclass
@@ -55,9 +55,11 @@ class SquadData:
     def describe(self) -> str:
         titles = len({e.title for e in self.examples})
         no = sum(not e.answers for e in self.examples)
-        return (f"{self.source}: SQuAD {self.version}, {titles} articles, {len(self):,} "
-                f"questions ({no:,} unanswerable); {len(self.mismatched)} answers whose text "
-                f"does not match the context at their offset (not used for training)")  # fmt: skip
+        return (
+            f"{self.source}: SQuAD {self.version}, {titles} articles, {len(self):,} "
+            f"questions ({no:,} unanswerable); {len(self.mismatched)} answers whose text "
+            f"does not match the context at their offset (not used for training)"
+        )
 
 
 def read_squad(path: str | os.PathLike, titles: set[str] | None = None) -> SquadData:
@@ -84,8 +86,10 @@ def read_squad(path: str | os.PathLike, titles: set[str] | None = None) -> Squad
             for qa in para.get("qas", []):
                 qid, question = qa.get("id"), qa.get("question")
                 if not isinstance(qid, str) or not isinstance(question, str):
-                    raise ValueError(f"{path}: article {title!r}, paragraph {p}: a question "
-                                     "without an id or text")  # fmt: skip
+                    raise ValueError(
+                        f"{path}: article {title!r}, paragraph {p}: a question "
+                        "without an id or text"
+                    )
                 impossible = bool(qa.get("is_impossible", False))
                 v2 = v2 or "is_impossible" in qa
                 answers = [] if impossible else qa.get("answers", [])
@@ -99,18 +103,26 @@ def read_squad(path: str | os.PathLike, titles: set[str] | None = None) -> Squad
                     elif not ok:
                         mismatched.append(qid)
                 if not impossible and not texts:
-                    raise ValueError(f"{path}: question {qid} has no answer and is not marked "
-                                     "is_impossible")  # fmt: skip
+                    raise ValueError(
+                        f"{path}: question {qid} has no answer and is not marked is_impossible"
+                    )
                 examples.append(SquadExample(qid, title, question, context, texts, start, text))
     if not examples:
-        raise ValueError(f"{path} holds no questions"
-                         + (f" of the articles {sorted(titles)}" if titles else ""))  # fmt: skip
+        raise ValueError(
+            f"{path} holds no questions" + (f" of the articles {sorted(titles)}" if titles else "")
+        )
     return SquadData(examples, "2.0" if v2 else "1.1", str(path), mismatched)
 
 
-def encode_squad(tokenizer: BertTokenizer, data: SquadData, *, max_length: int = 384,
-                 doc_stride: int = 128, max_query_length: int = 64, training: bool = True
-                 ) -> list[dict[str, Any]]:  # fmt: skip
+def encode_squad(
+    tokenizer: BertTokenizer,
+    data: SquadData,
+    *,
+    max_length: int = 384,
+    doc_stride: int = 128,
+    max_query_length: int = 64,
+    training: bool = True,
+) -> list[dict[str, Any]]:
     """Windows over every example: {input_ids, token_type_ids, example (index), offsets (the
     context tokens' character spans, None elsewhere)} and, when ``training``, start_positions
     and end_positions. Examples with no usable answer are left out of training (counted by
@@ -118,19 +130,31 @@ def encode_squad(tokenizer: BertTokenizer, data: SquadData, *, max_length: int =
     if max_query_length < 1:
         raise ValueError(f"max_query_length must be >= 1, got {max_query_length}")
     passages = list(dict.fromkeys(e.context for e in data.examples))  # each passage once
-    sizes = tokenizer(passages, add_special_tokens=False, return_length=True,
-                      return_attention_mask=False, return_token_type_ids=False)  # fmt: skip
+    sizes = tokenizer(
+        passages,
+        add_special_tokens=False,
+        return_length=True,
+        return_attention_mask=False,
+        return_token_type_ids=False,
+    )
     sizes = sizes["length"]
     for passage, size in zip(passages, sizes, strict=True):
         if size == 0:
             qid = next(e.id for e in data.examples if e.context == passage)
             raise ValueError(f"question {qid}: its context has no tokens ({passage[:60]!r})")
-    kept = [i for i, e in enumerate(data.examples)
-            if not training or not e.answers or e.answer_start is not None]  # fmt: skip
+    kept = [
+        i
+        for i, e in enumerate(data.examples)
+        if not training or not e.answers or e.answer_start is not None
+    ]
     # Questions cut to their first max_query_length tokens, by character offsets.
-    asked = tokenizer([data.examples[i].question for i in kept], add_special_tokens=False,
-                      return_offsets_mapping=True, return_attention_mask=False,
-                      return_token_type_ids=False)["offset_mapping"]  # fmt: skip
+    asked = tokenizer(
+        [data.examples[i].question for i in kept],
+        add_special_tokens=False,
+        return_offsets_mapping=True,
+        return_attention_mask=False,
+        return_token_type_ids=False,
+    )["offset_mapping"]
     room = max_length - tokenizer.num_special_tokens_to_add(True)
     questions = []
     for i, offsets in zip(kept, asked, strict=True):
@@ -144,17 +168,29 @@ def encode_squad(tokenizer: BertTokenizer, data: SquadData, *, max_length: int =
         question = data.examples[i].question
         questions.append(question if n == len(offsets) else question[: offsets[n - 1][1]])
     contexts = [data.examples[i].context for i in kept]
-    enc = tokenizer(questions, contexts, truncation="only_second", max_length=max_length,
-                    stride=doc_stride, return_overflowing_tokens=True,
-                    return_offsets_mapping=True, return_attention_mask=False)  # fmt: skip
+    enc = tokenizer(
+        questions,
+        contexts,
+        truncation="only_second",
+        max_length=max_length,
+        stride=doc_stride,
+        return_overflowing_tokens=True,
+        return_offsets_mapping=True,
+        return_attention_mask=False,
+    )
     features = []
     for w, sample in enumerate(enc["overflow_to_sample_mapping"]):
         example = kept[sample]
         seq = enc.sequence_ids(w)
-        offsets = [tuple(o) if s == 1 else None for o, s in zip(enc["offset_mapping"][w], seq,
-                                                                strict=True)]  # fmt: skip
-        f = {"input_ids": enc["input_ids"][w], "token_type_ids": enc["token_type_ids"][w],
-             "example": example, "offsets": offsets}  # fmt: skip
+        offsets = [
+            tuple(o) if s == 1 else None for o, s in zip(enc["offset_mapping"][w], seq, strict=True)
+        ]
+        f = {
+            "input_ids": enc["input_ids"][w],
+            "token_type_ids": enc["token_type_ids"][w],
+            "example": example,
+            "offsets": offsets,
+        }
         if training:
             e = data.examples[example]
             f["start_positions"] = f["end_positions"] = 0
@@ -168,9 +204,16 @@ def encode_squad(tokenizer: BertTokenizer, data: SquadData, *, max_length: int =
     return features
 
 
-def best_answers(data: SquadData, features: list[dict[str, Any]], start_logits: torch.Tensor,
-                 end_logits: torch.Tensor, *, n_best: int = 20, max_answer_length: int = 30,
-                 null_threshold: float | None = None) -> dict[str, dict[str, Any]]:  # fmt: skip
+def best_answers(
+    data: SquadData,
+    features: list[dict[str, Any]],
+    start_logits: torch.Tensor,
+    end_logits: torch.Tensor,
+    *,
+    n_best: int = 20,
+    max_answer_length: int = 30,
+    null_threshold: float | None = None,
+) -> dict[str, dict[str, Any]]:
     """Per question id: {"text", "start", "end" (character offsets), "score", "window" and
     "tokens" (the span's first and last token there), "n_best": [...], "null_score"}.
     ``start_logits``/``end_logits``: (windows, T), in ``features``' order.
@@ -197,16 +240,39 @@ def best_answers(data: SquadData, features: list[dict[str, Any]], start_logits: 
                     if j - i + 1 > max_answer_length:
                         continue
                     a, b = offsets[i][0], offsets[j][1]
-                    spans.append({"text": e.context[a:b], "start": a, "end": b,
-                                  "score": float(s_log[i] + e_log[j]), "window": w,
-                                  "tokens": (i, j)})  # fmt: skip
+                    spans.append(
+                        {
+                            "text": e.context[a:b],
+                            "start": a,
+                            "end": b,
+                            "score": float(s_log[i] + e_log[j]),
+                            "window": w,
+                            "tokens": (i, j),
+                        }
+                    )
         spans.sort(key=lambda s: -s["score"])
-        best = spans[0] if spans else {"text": "", "start": 0, "end": 0, "score": float("-inf"),
-                                       "window": None, "tokens": None}  # fmt: skip
+        best = (
+            spans[0]
+            if spans
+            else {
+                "text": "",
+                "start": 0,
+                "end": 0,
+                "score": float("-inf"),
+                "window": None,
+                "tokens": None,
+            }
+        )
         answer = dict(best)
         abstain = null_threshold is not None and null is not None
         if abstain and null - best["score"] > null_threshold:  # type: ignore[operator]
-            answer = {"text": "", "start": 0, "end": 0, "score": null, "window": None,
-                      "tokens": None}  # fmt: skip
+            answer = {
+                "text": "",
+                "start": 0,
+                "end": 0,
+                "score": null,
+                "window": None,
+                "tokens": None,
+            }
         results[e.id] = {**answer, "null_score": null, "n_best": spans[:n_best]}
     return results

@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..train import sum_over_ranks, world
-from .corpus import PretrainingCorpus, read_meta
-from .masking import IGNORE_INDEX, MaskingConfig, mask_tokens, special_tokens_mask
+from bertlab.data.corpus import PretrainingCorpus, read_meta
+from bertlab.data.masking import IGNORE_INDEX, MaskingConfig, mask_tokens, special_tokens_mask
+from bertlab.train.loop import sum_over_ranks, world
 
 
 def _seed(*parts: int) -> int:
@@ -43,10 +43,22 @@ class CorpusStream:
     counts the loss divides by (``mlm_count``: masked tokens, ``nsp_count``: rows).
     """
 
-    def __init__(self, directory: str | Path, batch_size: int, masking: MaskingConfig, *,
-                 mask_token_id: int, vocab_size: int, grad_accum: int = 1, first_step: int = 0,
-                 seed: int = 0, static: bool = False, continuation: torch.Tensor | None = None,
-                 rank: int | None = None, world_size: int | None = None):  # fmt: skip
+    def __init__(
+        self,
+        directory: str | Path,
+        batch_size: int,
+        masking: MaskingConfig,
+        *,
+        mask_token_id: int,
+        vocab_size: int,
+        grad_accum: int = 1,
+        first_step: int = 0,
+        seed: int = 0,
+        static: bool = False,
+        continuation: torch.Tensor | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+    ):
         r, w = world()
         self.rank = r if rank is None else rank
         self.world_size = W = w if world_size is None else world_size
@@ -110,8 +122,15 @@ class CorpusStream:
             gen = torch.Generator().manual_seed(
                 _seed(self.seed, 2, k, j) if self.static else _seed(self.seed, 3, k, j, epoch)
             )
-            ids, labels = mask_tokens(ids, special, self.vocab_size, self.mask_token_id,
-                                      self.masking, gen, self.continuation)  # fmt: skip
+            ids, labels = mask_tokens(
+                ids,
+                special,
+                self.vocab_size,
+                self.mask_token_id,
+                self.masking,
+                gen,
+                self.continuation,
+            )
             examples.append({**e, "input_ids": ids[0]})
             masked.append(labels[0])
         batch = PretrainingCorpus.collate(examples, self.corpus.pad_id)
@@ -141,16 +160,36 @@ class Phases:
         self.streams = streams  # (first step, stream), in order
 
     @classmethod
-    def build(cls, steps: int, data: str | Path, batch_size: int, long_data: str | Path | None,
-              long_fraction: float, long_batch_size: int | None,
-              masking: Callable[[int], MaskingConfig], **stream_kw: Any) -> Phases:  # fmt: skip
+    def build(
+        cls,
+        steps: int,
+        data: str | Path,
+        batch_size: int,
+        long_data: str | Path | None,
+        long_fraction: float,
+        long_batch_size: int | None,
+        masking: Callable[[int], MaskingConfig],
+        **stream_kw: Any,
+    ) -> Phases:
         long_steps = round(steps * long_fraction) if long_data else 0
         phases = [(0, data, batch_size)]
         if long_steps:
             phases.append((steps - long_steps, long_data, long_batch_size or batch_size))
-        return cls([(first, CorpusStream(
-            directory, size, masking(int(read_meta(directory)["max_seq_length"])),
-            first_step=first, **stream_kw)) for first, directory, size in phases])  # fmt: skip
+        return cls(
+            [
+                (
+                    first,
+                    CorpusStream(
+                        directory,
+                        size,
+                        masking(int(read_meta(directory)["max_seq_length"])),
+                        first_step=first,
+                        **stream_kw,
+                    ),
+                )
+                for first, directory, size in phases
+            ]
+        )
 
     def stream(self, step: int) -> CorpusStream:
         return next(s for first, s in reversed(self.streams) if step >= first)
@@ -159,14 +198,28 @@ class Phases:
         return self.stream(step)(step, micro)
 
 
-def evaluation_batches(directory: str | Path, examples: int, batch_size: int,
-                       masking: MaskingConfig, mask_token_id: int, vocab_size: int,
-                       seed: int = 0) -> list[dict[str, torch.Tensor]]:  # fmt: skip
+def evaluation_batches(
+    directory: str | Path,
+    examples: int,
+    batch_size: int,
+    masking: MaskingConfig,
+    mask_token_id: int,
+    vocab_size: int,
+    seed: int = 0,
+) -> list[dict[str, torch.Tensor]]:
     """A fixed held-out sample: the first ``examples`` of a prepared corpus, masked once (static
     masks seeded with ``seed``), in batches. The same for every evaluation and every rank."""
-    stream = CorpusStream(directory, batch_size, masking, mask_token_id=mask_token_id,
-                          vocab_size=vocab_size, seed=seed, static=True, rank=0,
-                          world_size=1)  # fmt: skip
+    stream = CorpusStream(
+        directory,
+        batch_size,
+        masking,
+        mask_token_id=mask_token_id,
+        vocab_size=vocab_size,
+        seed=seed,
+        static=True,
+        rank=0,
+        world_size=1,
+    )
     starts = np.cumsum([0] + stream.sizes)
     n = min(examples, int(starts[-1]))
     batches = []

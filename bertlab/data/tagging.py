@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..metrics import to_iob2
-from ..tokenizer import BertTokenizer
-from .masking import IGNORE_INDEX
+from bertlab.data.masking import IGNORE_INDEX
+from bertlab.metrics import to_iob2
+from bertlab.tokenizer import BertTokenizer
 
 
 @dataclass
@@ -38,9 +38,11 @@ class TaggingData:
     def describe(self) -> str:
         types = sorted({t[2:] for tags in self.tags for t in tags if t != "O"})
         n = sum(len(w) for w in self.words)
-        return (f"{self.source}: {len(self):,} sentences, {n:,} tokens; tags in {self.scheme}"
-                f"{' (converted to IOB2)' if self.scheme == 'IOB1' else ''}; entity types "
-                f"{', '.join(types)}; {len(self.label_names)} labels")  # fmt: skip
+        return (
+            f"{self.source}: {len(self):,} sentences, {n:,} tokens; tags in {self.scheme}"
+            f"{' (converted to IOB2)' if self.scheme == 'IOB1' else ''}; entity types "
+            f"{', '.join(types)}; {len(self.label_names)} labels"
+        )
 
 
 def _is_iob1(tags: list[str]) -> bool:
@@ -79,11 +81,14 @@ def read_conll(
             if width is None:
                 width = len(fields)
                 if not -width <= tag_column < width:
-                    raise ValueError(f"{path}, line {n}: tag column {tag_column} is outside "
-                                     f"the {width} columns")  # fmt: skip
+                    raise ValueError(
+                        f"{path}, line {n}: tag column {tag_column} is outside the {width} columns"
+                    )
             if len(fields) != width or width < 2:
-                raise ValueError(f"{path}, line {n}: {len(fields)} columns, but the file's "
-                                 f"first token line has {width} (token ... tag)")  # fmt: skip
+                raise ValueError(
+                    f"{path}, line {n}: {len(fields)} columns, but the file's "
+                    f"first token line has {width} (token ... tag)"
+                )
             tag = fields[tag_column]
             if tag != "O" and (tag[:2] not in ("B-", "I-") or len(tag) < 3):
                 raise ValueError(f"{path}, line {n}: tag {tag!r} is not O, B-TYPE or I-TYPE")
@@ -103,24 +108,37 @@ def read_conll(
         for (line, _, _), t in zip(sentences, converted, strict=True):
             for i, tag in enumerate(t):
                 if tag not in known:
-                    raise ValueError(f"{path}, line {line + i}: tag {tag!r} never appears in "
-                                     f"the training data ({', '.join(names)})")  # fmt: skip
+                    raise ValueError(
+                        f"{path}, line {line + i}: tag {tag!r} never appears in "
+                        f"the training data ({', '.join(names)})"
+                    )
     else:
         types = sorted({tag[2:] for t in converted for tag in t if tag != "O"})
         names = ["O"] + [f"{p}-{k}" for k in types for p in ("B", "I")]
-    return TaggingData([w for _, w, _ in sentences], converted, names,
-                       "IOB1" if iob1 else "IOB2", str(path),
-                       [line for line, _, _ in sentences])  # fmt: skip
+    return TaggingData(
+        [w for _, w, _ in sentences],
+        converted,
+        names,
+        "IOB1" if iob1 else "IOB2",
+        str(path),
+        [line for line, _, _ in sentences],
+    )
 
 
-def encode_tagging(tokenizer: BertTokenizer, data: TaggingData, max_length: int = 128
-                   ) -> tuple[list[dict[str, Any]], int]:  # fmt: skip
+def encode_tagging(
+    tokenizer: BertTokenizer, data: TaggingData, max_length: int = 128
+) -> tuple[list[dict[str, Any]], int]:
     """Word pieces with a label on each word's first piece (-100 elsewhere): a list of
     {input_ids, token_type_ids, labels, word_ids}, and the number of words cut off by
     ``max_length`` (they get no label here, and "O" when predictions are read back)."""
     index = {name: i for i, name in enumerate(data.label_names)}
-    enc = tokenizer(data.words, is_split_into_words=True, truncation=True, max_length=max_length,
-                    return_attention_mask=False)  # fmt: skip
+    enc = tokenizer(
+        data.words,
+        is_split_into_words=True,
+        truncation=True,
+        max_length=max_length,
+        return_attention_mask=False,
+    )
     features, cut = [], 0
     for i, tags in enumerate(data.tags):
         word_ids = enc.word_ids(i)
@@ -138,8 +156,9 @@ def encode_tagging(tokenizer: BertTokenizer, data: TaggingData, max_length: int 
     return features, cut
 
 
-def word_predictions(word_ids: list[int | None], piece_labels: list[str], n_words: int
-                     ) -> list[str]:  # fmt: skip
+def word_predictions(
+    word_ids: list[int | None], piece_labels: list[str], n_words: int
+) -> list[str]:
     """One tag per word, from its first piece; words with no piece (cut off) get "O". The
     result is made valid IOB2 (an I- that opens an entity becomes B-), as conlleval reads it."""
     out = ["O"] * n_words

@@ -1,1 +1,1 @@
-"""One object per task: a batch in, a loss and metrics out, for bertlab.train."""
+"""One object per task: a batch in, a loss and metrics out, for bertlab.train.loop."""

@@ -1,4 +1,4 @@
-"""Fine-tuning objectives: classify, tag, answer. One object per task, for bertlab.train.
+"""Fine-tuning objectives: classify, tag, answer. One object per task, for bertlab.train.loop.
 
 Each task object turns features (``bertlab.data.classification`` / ``.tagging`` / ``.squad``)
 into padded batches (``collate``), a batch into a loss and metrics (``__call__``: the model's own
@@ -15,20 +15,21 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import metrics as M
-from ..data.batch import pad
-from ..data.masking import IGNORE_INDEX
-from ..data.squad import SquadData, best_answers
-from ..data.tagging import TaggingData, word_predictions
-from ..train import world
+from bertlab import metrics as M
+from bertlab.data.batch import pad
+from bertlab.data.masking import IGNORE_INDEX
+from bertlab.data.squad import SquadData, best_answers
+from bertlab.data.tagging import TaggingData, word_predictions
+from bertlab.train.loop import world
 
 
 def _inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: batch[k] for k in ("input_ids", "token_type_ids", "attention_mask")}
 
 
-def _predict(model: nn.Module, features: list[dict], batch_size: int, device: str,
-             read: Any) -> list:  # fmt: skip
+def _predict(
+    model: nn.Module, features: list[dict], batch_size: int, device: str, read: Any
+) -> list:
     """Run ``model`` over ``features`` in batches (no gradients); ``read(output, batch)`` ->
     a list of per-feature results."""
     results: list = []
@@ -60,23 +61,29 @@ class ClassificationTask(_Task):
         batch["labels"] = torch.tensor([f["labels"] for f in features], dtype=dtype)
         return batch
 
-    def predict(self, model: nn.Module, features: list[dict], batch_size: int = 64,
-                device: str = "cpu") -> torch.Tensor:  # fmt: skip
+    def predict(
+        self, model: nn.Module, features: list[dict], batch_size: int = 64, device: str = "cpu"
+    ) -> torch.Tensor:
         """(N, num_labels) logits, or (N,) values for regression."""
-        rows = _predict(model, features, batch_size, device,
-                        lambda out, _: list(out.logits.float().cpu()))  # fmt: skip
+        rows = _predict(
+            model, features, batch_size, device, lambda out, _: list(out.logits.float().cpu())
+        )
         logits = torch.stack(rows)
         return logits.squeeze(-1) if self.label_names is None else logits
 
-    def evaluate(self, model: nn.Module, features: list[dict], batch_size: int = 64,
-                 device: str = "cpu") -> dict[str, float]:  # fmt: skip
+    def evaluate(
+        self, model: nn.Module, features: list[dict], batch_size: int = 64, device: str = "cpu"
+    ) -> dict[str, float]:
         gold = [f["labels"] for f in features]
         out = self.predict(model, features, batch_size, device)
         if self.label_names is None:
             values = out.tolist()
             mse = sum((p - g) ** 2 for p, g in zip(values, gold, strict=True)) / len(gold)
-            return {"pearson": M.pearson(values, gold), "spearman": M.spearman(values, gold),
-                    "mse": mse}  # fmt: skip
+            return {
+                "pearson": M.pearson(values, gold),
+                "spearman": M.spearman(values, gold),
+                "mse": mse,
+            }
         preds = out.argmax(-1).tolist()
         result = {"accuracy": M.accuracy(preds, gold), "mcc": M.matthews_corrcoef(preds, gold)}
         if len(self.label_names) == 2:
@@ -101,8 +108,14 @@ class TaggingTask(_Task):
         batch["labels"] = labels
         return batch
 
-    def predict_tags(self, model: nn.Module, data: TaggingData, features: list[dict],
-                     batch_size: int = 64, device: str = "cpu") -> list[list[str]]:  # fmt: skip
+    def predict_tags(
+        self,
+        model: nn.Module,
+        data: TaggingData,
+        features: list[dict],
+        batch_size: int = 64,
+        device: str = "cpu",
+    ) -> list[list[str]]:
         """One predicted tag per word of every sentence."""
 
         def read(out, batch) -> list:
@@ -112,15 +125,29 @@ class TaggingTask(_Task):
 
         pieces = _predict(model, features, batch_size, device, read)
         names = self.label_names
-        return [word_predictions(f["word_ids"], [names[i] for i in p], len(words))
-                for f, p, words in zip(features, pieces, data.words, strict=True)]  # fmt: skip
+        return [
+            word_predictions(f["word_ids"], [names[i] for i in p], len(words))
+            for f, p, words in zip(features, pieces, data.words, strict=True)
+        ]
 
-    def evaluate_full(self, model: nn.Module, data: TaggingData, features: list[dict],
-                      batch_size: int = 64, device: str = "cpu") -> dict[str, Any]:  # fmt: skip
+    def evaluate_full(
+        self,
+        model: nn.Module,
+        data: TaggingData,
+        features: list[dict],
+        batch_size: int = 64,
+        device: str = "cpu",
+    ) -> dict[str, Any]:
         return M.conlleval(data.tags, self.predict_tags(model, data, features, batch_size, device))
 
-    def evaluate(self, model: nn.Module, data: TaggingData, features: list[dict],
-                 batch_size: int = 64, device: str = "cpu") -> dict[str, float]:  # fmt: skip
+    def evaluate(
+        self,
+        model: nn.Module,
+        data: TaggingData,
+        features: list[dict],
+        batch_size: int = 64,
+        device: str = "cpu",
+    ) -> dict[str, float]:
         r = self.evaluate_full(model, data, features, batch_size, device)
         return {k: r[k] for k in ("f1", "precision", "recall", "accuracy")}
 
@@ -129,8 +156,9 @@ class QuestionAnsweringTask(_Task):
     """Start and end of the answer span (cross-entropy on each, averaged); evaluated by SQuAD
     exact match and F1 over the best span of all an example's windows."""
 
-    def __init__(self, n_best: int = 20, max_answer_length: int = 30,
-                 null_threshold: float | None = None):  # fmt: skip
+    def __init__(
+        self, n_best: int = 20, max_answer_length: int = 30, null_threshold: float | None = None
+    ):
         self.n_best, self.max_answer_length = n_best, max_answer_length
         self.null_threshold = null_threshold
 
@@ -140,9 +168,15 @@ class QuestionAnsweringTask(_Task):
             batch[key] = torch.tensor([f[key] for f in features], dtype=torch.long)
         return batch
 
-    def answers(self, model: nn.Module, data: SquadData, features: list[dict],
-                batch_size: int = 64, device: str = "cpu",
-                null_threshold: float | None = None) -> dict[str, dict]:  # fmt: skip
+    def answers(
+        self,
+        model: nn.Module,
+        data: SquadData,
+        features: list[dict],
+        batch_size: int = 64,
+        device: str = "cpu",
+        null_threshold: float | None = None,
+    ) -> dict[str, dict]:
         """The best answer of every question (``best_answers``); ``null_threshold``: the
         task's own unless given."""
 
@@ -156,13 +190,24 @@ class QuestionAnsweringTask(_Task):
         end = torch.full((len(rows), T), float("-inf"))
         for w, (s, e) in enumerate(rows):
             start[w, : len(s)], end[w, : len(e)] = s, e
-        return best_answers(data, features, start, end, n_best=self.n_best,
-                            max_answer_length=self.max_answer_length,
-                            null_threshold=null_threshold if null_threshold is not None
-                            else self.null_threshold)  # fmt: skip
+        return best_answers(
+            data,
+            features,
+            start,
+            end,
+            n_best=self.n_best,
+            max_answer_length=self.max_answer_length,
+            null_threshold=null_threshold if null_threshold is not None else self.null_threshold,
+        )
 
-    def evaluate(self, model: nn.Module, data: SquadData, features: list[dict],
-                 batch_size: int = 64, device: str = "cpu") -> dict[str, float]:  # fmt: skip
+    def evaluate(
+        self,
+        model: nn.Module,
+        data: SquadData,
+        features: list[dict],
+        batch_size: int = 64,
+        device: str = "cpu",
+    ) -> dict[str, float]:
         """SQuAD EM and F1. With unanswerable questions (SQuAD 2.0) the model abstains where
         the [CLS] score beats the best span's by more than ``null_threshold`` (0 unless given,
         as the original recipe), the scores are also given per kind, and ``best_f1`` /
@@ -177,9 +222,10 @@ class QuestionAnsweringTask(_Task):
         result = {k: float(v) for k, v in r.items() if not k.endswith("total")}
         if v2:
             spans = {q: a["n_best"][0]["text"] if a["n_best"] else "" for q, a in answers.items()}
-            margin = {q: a["null_score"] - (a["n_best"][0]["score"] if a["n_best"]
-                                            else float("-inf"))
-                      for q, a in answers.items()}  # fmt: skip
+            margin = {
+                q: a["null_score"] - (a["n_best"][0]["score"] if a["n_best"] else float("-inf"))
+                for q, a in answers.items()
+            }
             for metric in ("exact_match", "f1"):
                 threshold, score = M.best_no_answer_threshold(spans, gold, margin, metric)
                 result[f"best_{metric}"] = score

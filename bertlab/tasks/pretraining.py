@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..data.masking import IGNORE_INDEX
-from ..heads import BertForMaskedLM, BertForPreTraining
+from bertlab.data.masking import IGNORE_INDEX
+from bertlab.nn.heads import BertForMaskedLM, BertForPreTraining
 
 
 class PretrainingObjective(nn.Module):
@@ -29,8 +29,16 @@ class PretrainingObjective(nn.Module):
         self.nsp = isinstance(model, BertForPreTraining)
         self.world_size = world_size
 
-    def forward(self, input_ids, attention_mask, token_type_ids, labels, next_sentence_label,
-                mlm_count, nsp_count) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
+    def forward(
+        self,
+        input_ids,
+        attention_mask,
+        token_type_ids,
+        labels,
+        next_sentence_label,
+        mlm_count,
+        nsp_count,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         enc = self.model.bert.encode(input_ids, attention_mask, token_type_ids)
         flat = enc.per_token(labels).reshape(-1)
         keep = (flat != IGNORE_INDEX).nonzero().squeeze(1)
@@ -53,8 +61,9 @@ class PretrainingObjective(nn.Module):
         return loss * self.world_size, metrics
 
 
-def evaluate(objective: PretrainingObjective, batches: list[dict[str, torch.Tensor]],
-             device: str = "cpu") -> dict[str, float]:  # fmt: skip
+def evaluate(
+    objective: PretrainingObjective, batches: list[dict[str, torch.Tensor]], device: str = "cpu"
+) -> dict[str, float]:
     """Held-out MLM loss and accuracy (over all masked tokens) and NSP loss and accuracy (over
     all rows); one process, no gradients."""
     sums: dict[str, float] = {}

@@ -5,9 +5,9 @@
     bertlab finetune qa --train squad.json --dev-articles 2 -o runs/squad
 
 The starting point is any bertlab or Hugging Face BERT folder (the bundled checkpoint by
-default); its encoder is kept and a fresh head is added (``bertlab.heads``). The data is read and
+default); its encoder is kept and a fresh head is added (``bertlab.nn.heads``). The data is read and
 checked first (``bertlab.data.classification``, ``.tagging``, ``.squad``: columns and labels
-detected and reported, bad rows named), then the loop of ``bertlab.train`` runs with the task's
+detected and reported, bad rows named), then the loop of ``bertlab.train.loop`` runs with the task's
 objective (``bertlab.tasks.finetuning``), evaluating on the dev set after every epoch (and when
 a ``max_seconds`` budget runs out) and keeping the best model. The run folder gets
 ``metrics.jsonl``, ``curves.png``, ``results.json`` (the dev figures of the best evaluation, with
@@ -29,14 +29,14 @@ from typing import Any
 
 import torch
 
-from .checkpoint import resolve_model_dir
-from .heads import (
+from bertlab.io.checkpoint import resolve_model_dir
+from bertlab.nn.heads import (
     BertForQuestionAnswering,
     BertForSequenceClassification,
     BertForTokenClassification,
 )
-from .tokenizer import BertTokenizer
-from .train import CHECKPOINT, TrainConfig, train
+from bertlab.tokenizer import BertTokenizer
+from bertlab.train.loop import CHECKPOINT, TrainConfig, train
 
 logger = logging.getLogger("bertlab")
 TASKS = ("classify", "tag", "qa")
@@ -99,17 +99,20 @@ def _data(config: FinetuneConfig, tokenizer: BertTokenizer) -> tuple[Any, Any, l
     report: dict[str, Any] = {}
     L = config.length
     if config.task == "classify":
-        from .data.classification import encode_classification, read_classification
+        from bertlab.data.classification import encode_classification, read_classification
 
-        train_data = read_classification(config.train, text_column=config.text_column,
-                                         pair_column=config.pair_column,
-                                         label_column=config.label_column)  # fmt: skip
+        train_data = read_classification(
+            config.train,
+            text_column=config.text_column,
+            pair_column=config.pair_column,
+            label_column=config.label_column,
+        )
         dev = read_classification(config.dev, like=train_data) if config.dev else None
         train_f, cut = encode_classification(tokenizer, train_data, L)
         report["train_truncated"] = cut
         dev_f = encode_classification(tokenizer, dev, L)[0] if dev else []
     elif config.task == "tag":
-        from .data.tagging import encode_tagging, read_conll
+        from bertlab.data.tagging import encode_tagging, read_conll
 
         train_data = read_conll(config.train)
         dev = read_conll(config.dev, like=train_data) if config.dev else None
@@ -120,21 +123,24 @@ def _data(config: FinetuneConfig, tokenizer: BertTokenizer) -> tuple[Any, Any, l
             dev_f, cut = encode_tagging(tokenizer, dev, L)
             report["dev_words_cut"] = cut  # predicted "O": the metric still counts them
     else:
-        from .data.squad import encode_squad, read_squad
+        from bertlab.data.squad import encode_squad, read_squad
 
         train_data = read_squad(config.train)
         dev = read_squad(config.dev) if config.dev else None
         if config.dev_articles:
             titles = list(dict.fromkeys(e.title for e in train_data.examples))
             if config.dev_articles >= len(titles):
-                raise ValueError(f"dev_articles {config.dev_articles} leaves no article to train "
-                                 f"on: {config.train} has {len(titles)}")  # fmt: skip
+                raise ValueError(
+                    f"dev_articles {config.dev_articles} leaves no article to train "
+                    f"on: {config.train} has {len(titles)}"
+                )
             held = set(titles[-config.dev_articles :])
             dev = read_squad(config.train, titles=held)
             train_data = read_squad(config.train, titles=set(titles) - held)
             report["dev_articles"] = sorted(held)
-        kw = dict(max_length=L, doc_stride=config.doc_stride,
-                  max_query_length=config.max_query_length)  # fmt: skip
+        kw = dict(
+            max_length=L, doc_stride=config.doc_stride, max_query_length=config.max_query_length
+        )
         train_f = encode_squad(tokenizer, train_data, **kw)
         dev_f = encode_squad(tokenizer, dev, training=False, **kw) if dev else []
         report["train_mismatched_answers"] = len(train_data.mismatched)
@@ -155,18 +161,20 @@ def _model(config: FinetuneConfig, train_data: Any):
     if config.task == "classify":
         if train_data.regression:
             return BertForSequenceClassification.from_pretrained(
-                directory, num_labels=1, problem_type="regression", **kw)  # fmt: skip
+                directory, num_labels=1, problem_type="regression", **kw
+            )
         labels = dict(enumerate(train_data.label_names))
         kw["problem_type"] = "single_label_classification"
         return BertForSequenceClassification.from_pretrained(directory, id2label=labels, **kw)
     if config.task == "tag":
         return BertForTokenClassification.from_pretrained(
-            directory, id2label=dict(enumerate(train_data.label_names)), **kw)  # fmt: skip
+            directory, id2label=dict(enumerate(train_data.label_names)), **kw
+        )
     return BertForQuestionAnswering.from_pretrained(directory, **kw)
 
 
 def _task(config: FinetuneConfig, train_data: Any):
-    from .tasks.finetuning import ClassificationTask, QuestionAnsweringTask, TaggingTask
+    from bertlab.tasks.finetuning import ClassificationTask, QuestionAnsweringTask, TaggingTask
 
     if config.task == "classify":
         return ClassificationTask(train_data.label_names)
@@ -228,8 +236,18 @@ def prepare(config: FinetuneConfig, progress: bool = False) -> Prepared:
     model = _model(config, train_data)
     per_epoch = math.ceil(len(train_f) / config.batch_size)
     steps = max(1, math.ceil(config.epochs * per_epoch))
-    return Prepared(tokenizer, train_data, dev, train_f, dev_f, report, model,
-                    _task(config, train_data), per_epoch, steps)  # fmt: skip
+    return Prepared(
+        tokenizer,
+        train_data,
+        dev,
+        train_f,
+        dev_f,
+        report,
+        model,
+        _task(config, train_data),
+        per_epoch,
+        steps,
+    )
 
 
 def main_metric(config: FinetuneConfig, train_data: Any) -> str:
@@ -239,26 +257,38 @@ def main_metric(config: FinetuneConfig, train_data: Any) -> str:
     return MAIN_METRIC[config.task]
 
 
-def finetune(config: FinetuneConfig, out_dir: str | Path, overwrite: bool = False,
-             progress: bool = True,
-             prepared: Prepared | None = None) -> dict[str, Any]:  # fmt: skip
+def finetune(
+    config: FinetuneConfig,
+    out_dir: str | Path,
+    overwrite: bool = False,
+    progress: bool = True,
+    prepared: Prepared | None = None,
+) -> dict[str, Any]:
     """Fine-tune; returns the results (also written to ``out_dir/results.json``).
     ``prepared``: the run's pieces from ``prepare(config)``, when the caller already has them
     (its model is the one trained)."""
     out = Path(out_dir)
     held = [p.name for p in (out / "metrics.jsonl", out / "model", out / CHECKPOINT) if p.exists()]
     if held and not overwrite:
-        raise FileExistsError(f"{out} already holds a run ({', '.join(held)}): pass --overwrite "
-                              "to replace it")  # fmt: skip
+        raise FileExistsError(
+            f"{out} already holds a run ({', '.join(held)}): pass --overwrite to replace it"
+        )
     run = prepared or prepare(config, progress)
     tokenizer, train_data, dev, dev_f = run.tokenizer, run.train_data, run.dev, run.dev_f
     model, task, per_epoch, steps = run.model, run.task, run.per_epoch, run.steps
-    tc = TrainConfig(out_dir=str(out), steps=steps, lr=config.lr,
-                     warmup_steps=int(config.warmup_ratio * steps),
-                     weight_decay=config.weight_decay, precision=config.precision,
-                     seed=config.seed, log_every=max(1, min(20, per_epoch // 5)),
-                     device=config.device, max_seconds=config.max_seconds,
-                     checkpoints=False)  # fmt: skip
+    tc = TrainConfig(
+        out_dir=str(out),
+        steps=steps,
+        lr=config.lr,
+        warmup_steps=int(config.warmup_ratio * steps),
+        weight_decay=config.weight_decay,
+        precision=config.precision,
+        seed=config.seed,
+        log_every=max(1, min(20, per_epoch // 5)),
+        device=config.device,
+        max_seconds=config.max_seconds,
+        checkpoints=False,
+    )
     data = run.batches(config.batch_size, config.seed)
     if overwrite:
         for name in ("metrics.jsonl", CHECKPOINT, CHECKPOINT + ".prev", "results.json"):
@@ -281,8 +311,9 @@ def finetune(config: FinetuneConfig, out_dir: str | Path, overwrite: bool = Fals
         return result
 
     started = time.perf_counter()
-    last = train(model, task, data, tc, evaluate=evaluate if dev is not None else None,
-                 eval_every=per_epoch)  # fmt: skip
+    last = train(
+        model, task, data, tc, evaluate=evaluate if dev is not None else None, eval_every=per_epoch
+    )
     seconds = time.perf_counter() - started
     final = out / "model"
     shutil.rmtree(final, ignore_errors=True)
@@ -292,18 +323,24 @@ def finetune(config: FinetuneConfig, out_dir: str | Path, overwrite: bool = Fals
         model.save_pretrained(final)
         tokenizer.save_pretrained(final)
     results: dict[str, Any] = {
-        "task": config.task, "config": asdict(config), "report": run.report,
-        "steps": int(last.get("step", 0)), "planned_steps": steps, "seconds": seconds,
-        "train_examples": len(run.train_f), "best_step": best.get("step"),
+        "task": config.task,
+        "config": asdict(config),
+        "report": run.report,
+        "steps": int(last.get("step", 0)),
+        "planned_steps": steps,
+        "seconds": seconds,
+        "train_examples": len(run.train_f),
+        "best_step": best.get("step"),
         "dev": best.get("metrics"),
-    }  # fmt: skip
+    }
     if config.task == "tag" and dev is not None:  # the per-type table, from the best model
         best_model = BertForTokenClassification.from_pretrained(final)
-        results["dev_full"] = task.evaluate_full(best_model, dev, dev_f,
-                                                 config.eval_batch_size, config.device)  # fmt: skip
+        results["dev_full"] = task.evaluate_full(
+            best_model, dev, dev_f, config.eval_batch_size, config.device
+        )
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n", "utf-8")
     try:
-        from .curves import plot_run
+        from bertlab.train.curves import plot_run
 
         plot_run(out)
     except ValueError as e:  # matplotlib missing: the run stands without its picture

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .model import BertEmbeddings
+from bertlab.nn.model import BertEmbeddings
 
 
 @dataclass(frozen=True)

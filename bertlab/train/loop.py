@@ -15,7 +15,7 @@ model is wrapped in DistributedDataParallel, ``data`` gives each rank its own ro
 0 writes. DDP averages the gradients over ranks, so a task whose loss is "this rank's share of
 the global loss" (its sum over its rows divided by the global count) multiplies it by the world
 size; its metrics are shares too, and the loop sums them over ranks. A task that does so gives
-the same run on any number of processes (``bertlab.pretrain`` does).
+the same run on any number of processes (``bertlab.train.pretrain`` does).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from .checkpoint import atomic_write
+from bertlab.io.checkpoint import atomic_write
 
 logger = logging.getLogger("bertlab")
 CHECKPOINT = "checkpoint.pt"
@@ -94,8 +94,10 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
         if not p.requires_grad:
             continue
         (no_decay if p.ndim < 2 or "LayerNorm" in name else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay},
-            {"params": no_decay, "weight_decay": 0.0}]  # fmt: skip
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
 
 
 class Lamb(torch.optim.Optimizer):
@@ -229,8 +231,9 @@ def train(
         # The fused kernel updates all parameters in one pass: on CPU about 5x faster than the
         # default per-tensor loop, which for a small model is a fifth of a fine-tuning step.
         fused = torch.device(config.device).type in ("cpu", "cuda")
-        opt = torch.optim.AdamW(groups, lr=config.lr, betas=config.betas, eps=config.eps,
-                                fused=fused)  # fmt: skip
+        opt = torch.optim.AdamW(
+            groups, lr=config.lr, betas=config.betas, eps=config.eps, fused=fused
+        )
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, linear_schedule(config.warmup_steps, config.steps)
     )
@@ -244,9 +247,12 @@ def train(
         sched.load_state_dict(state["scheduler"])
         ranks = state.get("rng_ranks", [state["rng"]])
         if len(ranks) != world_size and main:
-            logger.warning("the checkpoint holds the random states of %d processes, this run "
-                           "has %d: dropout draws will differ from an unbroken run",
-                           len(ranks), world_size)  # fmt: skip
+            logger.warning(
+                "the checkpoint holds the random states of %d processes, this run "
+                "has %d: dropout draws will differ from an unbroken run",
+                len(ranks),
+                world_size,
+            )
         set_rng_state(ranks[rank] if len(ranks) == world_size else ranks[0])
         start = state["step"]
         if main:
@@ -274,11 +280,18 @@ def train(
             ranks = [None] * world_size
             torch.distributed.all_gather_object(ranks, rng_state())
         if main:
-            save_checkpoint(ckpt_path, {
-                "model": model.state_dict(), "optimizer": opt.state_dict(),
-                "scheduler": sched.state_dict(), "rng": ranks[0], "rng_ranks": ranks,
-                "step": step, "config": asdict(config),
-            })  # fmt: skip
+            save_checkpoint(
+                ckpt_path,
+                {
+                    "model": model.state_dict(),
+                    "optimizer": opt.state_dict(),
+                    "scheduler": sched.state_dict(),
+                    "rng": ranks[0],
+                    "rng_ranks": ranks,
+                    "step": step,
+                    "config": asdict(config),
+                },
+            )
 
     stop = {"signal": 0}
 
@@ -302,8 +315,9 @@ def train(
                 last = micro == config.grad_accum - 1
                 # Gradients are exchanged once per step, after the last micro-batch.
                 with ddp.no_sync() if ddp is not None and not last else nullcontext():
-                    with torch.autocast(config.device.split(":")[0], dtype=dtype,
-                                        enabled=dtype != torch.float32):  # fmt: skip
+                    with torch.autocast(
+                        config.device.split(":")[0], dtype=dtype, enabled=dtype != torch.float32
+                    ):
                         loss, m = task(net, batch)
                     (loss / config.grad_accum).backward()
                 for k, v in m.items():
@@ -312,7 +326,8 @@ def train(
                     tokens += int(batch["attention_mask"].sum())
             # A time budget ends the run after this step, as if it were the last one.
             late = config.max_seconds is not None and (
-                time.perf_counter() - started - eval_seconds > config.max_seconds)  # fmt: skip
+                time.perf_counter() - started - eval_seconds > config.max_seconds
+            )
             # Metrics are per-rank shares: their sums are the global values. The token count,
             # the stop request and the time budget travel in the same message, so that every
             # rank stops at the same step.
@@ -334,8 +349,11 @@ def train(
             opt.zero_grad(set_to_none=True)
             done = step + 1
             metrics = {"step": done, "lr": sched.get_last_lr()[0], **sums}
-            if evaluate is not None and eval_every and (done % eval_every == 0 or out_of_time
-                                                        or done == config.steps):  # fmt: skip
+            if (
+                evaluate is not None
+                and eval_every
+                and (done % eval_every == 0 or out_of_time or done == config.steps)
+            ):
                 t0 = time.perf_counter()
                 model.eval()
                 with torch.no_grad():
@@ -360,8 +378,12 @@ def train(
                 break
             if out_of_time:
                 if main:
-                    logger.warning("time budget of %ss spent at step %d of %d", config.max_seconds,
-                                   done, config.steps)  # fmt: skip
+                    logger.warning(
+                        "time budget of %ss spent at step %d of %d",
+                        config.max_seconds,
+                        done,
+                        config.steps,
+                    )
                 metrics["stopped_by_time"] = 1.0
                 snapshot(done)
                 stop["signal"] = -1
@@ -383,7 +405,11 @@ def _progress(done: int, total: int, start: int, elapsed: float, m: dict, rate_t
     bar = "#" * int(width * done / total) + "." * (width - int(width * done / total))
     shown = " ".join(f"{k} {v:.4f}" for k, v in m.items())
     tok = f" {rate_tok:,.0f} tok/s" if rate_tok else ""
-    print(f"\r[{bar}] {done}/{total} {shown}{tok} eta {eta:,.0f}s", end="", file=sys.stderr,
-          flush=True)  # fmt: skip
+    print(
+        f"\r[{bar}] {done}/{total} {shown}{tok} eta {eta:,.0f}s",
+        end="",
+        file=sys.stderr,
+        flush=True,
+    )
     if done == total:
         print(file=sys.stderr)

@@ -1,6 +1,6 @@
 """``bertlab plot RUN_DIR``: a run's metrics.jsonl -> loss and accuracy curves in one PNG.
 
-Any run of ``bertlab.train`` (pre-training or fine-tuning) writes one JSON line per step. The
+Any run of ``bertlab.train.loop`` (pre-training or fine-tuning) writes one JSON line per step. The
 left panel shows every metric named ``*loss*``, the right one every other score (accuracy, F1,
 ...); training values are drawn as lines smoothed over a window, evaluation values
 (``eval_*``) as points joined by a line.

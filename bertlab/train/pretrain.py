@@ -7,7 +7,7 @@
 The pieces: ``bertlab.data.stream`` decides which examples each step trains on and masks them
 (the same global batch for any number of processes; dynamic or static masks);
 ``bertlab.tasks.pretraining`` is the objective (MLM + NSP loss and metrics, each rank's share
-of the global mean); ``bertlab.train`` is the loop every task shares. This module checks every
+of the global mean); ``bertlab.train.loop`` is the loop every task shares. This module checks every
 setting before any training starts (vocabulary and sequence lengths against the model, batch
 divisibility, the run folder), builds the phase schedule (most steps at the short length, the
 last ``long_fraction`` at the long one, as BERT was trained: reference 001), evaluates on a
@@ -26,14 +26,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .checkpoint import resolve_model_dir
-from .config import PRESETS, BertConfig
-from .data.corpus import read_meta
-from .data.masking import MaskingConfig
-from .data.stream import Phases, evaluation_batches
-from .heads import BertForMaskedLM, BertForPreTraining
-from .tasks.pretraining import PretrainingObjective, evaluate
-from .train import CHECKPOINT, TrainConfig, train, world
+from bertlab.data.corpus import read_meta
+from bertlab.data.masking import MaskingConfig
+from bertlab.data.stream import Phases, evaluation_batches
+from bertlab.io.checkpoint import resolve_model_dir
+from bertlab.nn.config import PRESETS, BertConfig
+from bertlab.nn.heads import BertForMaskedLM, BertForPreTraining
+from bertlab.tasks.pretraining import PretrainingObjective, evaluate
+from bertlab.train.loop import CHECKPOINT, TrainConfig, train, world
 
 logger = logging.getLogger("bertlab")
 RUN_FILE = "run.json"  # the settings of a run folder; --resume must match them
@@ -83,36 +83,46 @@ def build_model(source: str, vocab_size: int, dropout: float | None) -> BertForP
     if path.suffix == ".json" and path.is_file():
         config = BertConfig.from_json_file(path)
         if config.vocab_size != vocab_size:
-            raise ValueError(f"the vocabulary has {vocab_size} tokens but {path} sets vocab_size "
-                             f"{config.vocab_size}: they must match")  # fmt: skip
+            raise ValueError(
+                f"the vocabulary has {vocab_size} tokens but {path} sets vocab_size "
+                f"{config.vocab_size}: they must match"
+            )
         return BertForPreTraining(config.replace(**over))
     path = resolve_model_dir(source)
     config = BertConfig.from_pretrained(path)
     if config.vocab_size != vocab_size:
-        raise ValueError(f"the vocabulary has {vocab_size} tokens but the model in {path} has "
-                         f"vocab_size {config.vocab_size}: they must match")  # fmt: skip
+        raise ValueError(
+            f"the vocabulary has {vocab_size} tokens but the model in {path} has "
+            f"vocab_size {config.vocab_size}: they must match"
+        )
     drop = {k: v for k, v in over.items() if k != "vocab_size"}
     return BertForPreTraining.from_pretrained(path, **drop)
 
 
 def _check_run_folder(out: Path, settings: dict, resume: bool, overwrite: bool) -> None:
-    held = [p.name for p in (out / RUN_FILE, out / CHECKPOINT, out / "metrics.jsonl",
-                             out / "model") if p.exists()]  # fmt: skip
+    held = [
+        p.name
+        for p in (out / RUN_FILE, out / CHECKPOINT, out / "metrics.jsonl", out / "model")
+        if p.exists()
+    ]
     if resume:
         if not (out / CHECKPOINT).exists() and not (out / (CHECKPOINT + ".prev")).exists():
             raise FileNotFoundError(f"--resume: {out} holds no checkpoint to resume from")
         if (out / RUN_FILE).is_file():
             before = json.loads((out / RUN_FILE).read_text("utf-8"))
-            changed = sorted(k for k in set(before) | set(settings)
-                             if before.get(k) != settings.get(k))  # fmt: skip
+            changed = sorted(
+                k for k in set(before) | set(settings) if before.get(k) != settings.get(k)
+            )
             if changed:
                 raise ValueError(
                     f"--resume: these settings differ from the run in {out}: "
                     + ", ".join(f"{k} {before.get(k)!r} -> {settings.get(k)!r}" for k in changed)
                 )
     elif held and not overwrite:
-        raise FileExistsError(f"{out} already holds a run ({', '.join(held)}): pass --resume "
-                              "to continue it or --overwrite to replace it")  # fmt: skip
+        raise FileExistsError(
+            f"{out} already holds a run ({', '.join(held)}): pass --resume "
+            "to continue it or --overwrite to replace it"
+        )
 
 
 def pretrain(config: PretrainConfig, resume: bool = False, overwrite: bool = False) -> dict:
@@ -120,17 +130,22 @@ def pretrain(config: PretrainConfig, resume: bool = False, overwrite: bool = Fal
     tc = config.train
     rank, world_size = world()
     out = Path(tc.out_dir)
-    streams_meta = [("data", config.data)] + ([("long_data", config.long_data)]
-                                              if config.long_data else [])  # fmt: skip
-    metas = {name: read_meta(directory) for name, directory in streams_meta + (
-        [("eval_data", config.eval_data)] if config.eval_data else [])}  # fmt: skip
+    streams_meta = [("data", config.data)] + (
+        [("long_data", config.long_data)] if config.long_data else []
+    )
+    metas = {
+        name: read_meta(directory)
+        for name, directory in streams_meta
+        + ([("eval_data", config.eval_data)] if config.eval_data else [])
+    }
     vocab_size = int(metas["data"]["vocab_size"])
     for name, meta in metas.items():
-        if int(meta["vocab_size"]) != vocab_size or meta["vocab_dir"] != metas["data"][
-            "vocab_dir"]:  # fmt: skip
-            raise ValueError(f"{name} was prepared with another vocabulary ({meta['vocab_dir']}, "
-                             f"{meta['vocab_size']} tokens) than data "
-                             f"({metas['data']['vocab_dir']}, {vocab_size})")  # fmt: skip
+        if int(meta["vocab_size"]) != vocab_size or meta["vocab_dir"] != metas["data"]["vocab_dir"]:
+            raise ValueError(
+                f"{name} was prepared with another vocabulary ({meta['vocab_dir']}, "
+                f"{meta['vocab_size']} tokens) than data "
+                f"({metas['data']['vocab_dir']}, {vocab_size})"
+            )
     nsp = all(m["nsp"] for m in metas.values())
     if any(m["nsp"] for m in metas.values()) and not nsp:
         raise ValueError("some corpora were prepared with --no-nsp and some without: all or none")
@@ -140,44 +155,65 @@ def pretrain(config: PretrainConfig, resume: bool = False, overwrite: bool = Fal
     mc = model.config
     for name, meta in metas.items():
         if int(meta["max_seq_length"]) > mc.max_position_embeddings:
-            raise ValueError(f"{name} holds sequences of up to {meta['max_seq_length']} tokens, "
-                             f"above the model's max_position_embeddings "
-                             f"{mc.max_position_embeddings}")  # fmt: skip
+            raise ValueError(
+                f"{name} holds sequences of up to {meta['max_seq_length']} tokens, "
+                f"above the model's max_position_embeddings "
+                f"{mc.max_position_embeddings}"
+            )
     if not nsp:  # MLM only: no pooler, no NSP head
         mlm = BertForMaskedLM(mc)
         mlm.load_state_dict(model.state_dict(), strict=False)
         model = mlm  # type: ignore[assignment]
 
-    from .tokenizer import BertTokenizer
+    from bertlab.tokenizer import BertTokenizer
 
     tokenizer = BertTokenizer.from_pretrained(metas["data"]["vocab_dir"])
     continuation = None
     if config.whole_word:
-        from .data.masking import continuation_table
+        from bertlab.data.masking import continuation_table
 
         continuation = continuation_table(tokenizer.vocab)
 
     def masking(seq_len: int) -> MaskingConfig:
-        return MaskingConfig.for_length(seq_len, config.mask_rate, config.max_predictions,
-                                        config.whole_word)  # fmt: skip
+        return MaskingConfig.for_length(
+            seq_len, config.mask_rate, config.max_predictions, config.whole_word
+        )
 
-    data = Phases.build(tc.steps, config.data, config.batch_size, config.long_data,
-                        config.long_fraction, config.long_batch_size, masking,
-                        mask_token_id=tokenizer.mask_token_id, vocab_size=vocab_size,
-                        grad_accum=tc.grad_accum, seed=tc.seed,
-                        static=config.masking == "static", continuation=continuation)  # fmt: skip
-    settings = {**asdict(config), "train": {k: v for k, v in asdict(tc).items()
-                                            if k not in ("log_every", "save_every")},
-                "world_size": world_size}  # fmt: skip
+    data = Phases.build(
+        tc.steps,
+        config.data,
+        config.batch_size,
+        config.long_data,
+        config.long_fraction,
+        config.long_batch_size,
+        masking,
+        mask_token_id=tokenizer.mask_token_id,
+        vocab_size=vocab_size,
+        grad_accum=tc.grad_accum,
+        seed=tc.seed,
+        static=config.masking == "static",
+        continuation=continuation,
+    )
+    settings = {
+        **asdict(config),
+        "train": {k: v for k, v in asdict(tc).items() if k not in ("log_every", "save_every")},
+        "world_size": world_size,
+    }
     settings["train"]["betas"] = list(settings["train"]["betas"])
     _check_run_folder(out, settings, resume, overwrite)
 
     eval_fn, eval_every = None, 0
     if config.eval_data:
         seq_len = int(metas["eval_data"]["max_seq_length"])
-        batches = evaluation_batches(config.eval_data, config.eval_examples,
-                                     min(64, config.eval_examples), masking(seq_len),
-                                     tokenizer.mask_token_id, vocab_size, seed=tc.seed)  # fmt: skip
+        batches = evaluation_batches(
+            config.eval_data,
+            config.eval_examples,
+            min(64, config.eval_examples),
+            masking(seq_len),
+            tokenizer.mask_token_id,
+            vocab_size,
+            seed=tc.seed,
+        )
         eval_every = config.eval_every or max(1, tc.steps // 10)
 
         def eval_fn(objective: nn.Module, step: int) -> dict[str, float]:
@@ -196,11 +232,23 @@ def pretrain(config: PretrainConfig, resume: bool = False, overwrite: bool = Fal
         torch.distributed.barrier()
 
     objective = PretrainingObjective(model, world_size)
-    logger.info("pre-training %s: %d steps in %d phase(s), batch %d, %d process(es)",
-                config.model, tc.steps, len(data.streams), config.batch_size,
-                world_size)  # fmt: skip
-    metrics = train(objective, lambda net, batch: net(**batch), data, tc,
-                    resume=resume, evaluate=eval_fn, eval_every=eval_every)  # fmt: skip
+    logger.info(
+        "pre-training %s: %d steps in %d phase(s), batch %d, %d process(es)",
+        config.model,
+        tc.steps,
+        len(data.streams),
+        config.batch_size,
+        world_size,
+    )
+    metrics = train(
+        objective,
+        lambda net, batch: net(**batch),
+        data,
+        tc,
+        resume=resume,
+        evaluate=eval_fn,
+        eval_every=eval_every,
+    )
     if rank == 0 and metrics.get("step") == tc.steps:
         model.save_pretrained(out / "model")
         tokenizer.save_pretrained(out / "model")

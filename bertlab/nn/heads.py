@@ -10,16 +10,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import fused
-from .config import BertConfig
-from .model import (
+from bertlab.nn import fused
+from bertlab.nn.config import BertConfig
+from bertlab.nn.model import (
     ACTIVATIONS,
     IGNORE_INDEX,
     BertModel,
     BertPreTrainedModel,
     Encoded,
 )
-from .outputs import (
+from bertlab.nn.outputs import (
     BertForPreTrainingOutput,
     MaskedLMOutput,
     MultipleChoiceModelOutput,
@@ -222,8 +222,11 @@ def _masked_lm(
     flat = None if labels is None else enc.per_token(labels).reshape(-1)
     if return_logits or labels is None:
         logits = head(enc.hidden)  # (B, T, V), or (N, V) packed
-        loss = None if flat is None else _cross_entropy(logits.view(-1, logits.shape[-1]), flat,
-                                                        "MLM label")  # fmt: skip
+        loss = (
+            None
+            if flat is None
+            else _cross_entropy(logits.view(-1, logits.shape[-1]), flat, "MLM label")
+        )
         return loss, enc.padded(logits)
     _check_labels(flat, head.bias.shape[0], "MLM label")
     keep = (flat != IGNORE_INDEX).nonzero().squeeze(1)

@@ -1,6 +1,6 @@
 """``bertlab bench finetune {classify,tag,qa}``: one fine-tuning, in bertlab and in transformers.
 
-The bertlab side is ``bertlab.finetune.finetune`` itself, as ``bertlab finetune`` runs it. The
+The bertlab side is ``bertlab.train.finetune.finetune`` itself, as ``bertlab finetune`` runs it. The
 transformers side is its ``BertFor...`` model in a plain training loop of the kind its
 documentation shows (torch AdamW, ``get_linear_schedule_with_warmup``, gradient clipping at
 1.0). Both start from identical weights (bertlab's starting model, the fresh head included,
@@ -28,22 +28,37 @@ from typing import Any
 
 import torch
 
-from .finetune import FinetuneConfig, Prepared, evaluate_dev, finetune, main_metric, prepare
+from bertlab.train.finetune import (
+    FinetuneConfig,
+    Prepared,
+    evaluate_dev,
+    finetune,
+    main_metric,
+    prepare,
+)
 
 
 def _transformers_model(config: FinetuneConfig, start: torch.nn.Module) -> torch.nn.Module:
     import transformers
 
-    cls = {"classify": transformers.BertForSequenceClassification,
-           "tag": transformers.BertForTokenClassification,
-           "qa": transformers.BertForQuestionAnswering}[config.task]  # fmt: skip
+    cls = {
+        "classify": transformers.BertForSequenceClassification,
+        "tag": transformers.BertForTokenClassification,
+        "qa": transformers.BertForQuestionAnswering,
+    }[config.task]
     with tempfile.TemporaryDirectory() as d:
         start.save_pretrained(d)
         return cls.from_pretrained(d, attn_implementation="sdpa")
 
 
-def _run_transformers(config: FinetuneConfig, run: Prepared, model: torch.nn.Module, key: str,
-                      seconds: float, progress: bool) -> dict[str, Any]:  # fmt: skip
+def _run_transformers(
+    config: FinetuneConfig,
+    run: Prepared,
+    model: torch.nn.Module,
+    key: str,
+    seconds: float,
+    progress: bool,
+) -> dict[str, Any]:
     """Fine-tune transformers' ``model`` in its own loop, on ``run``'s batches, for ``seconds``;
     ``key`` picks the best evaluation."""
     from transformers import get_linear_schedule_with_warmup
@@ -51,10 +66,12 @@ def _run_transformers(config: FinetuneConfig, run: Prepared, model: torch.nn.Mod
     no_decay = ("bias", "LayerNorm.weight")
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     groups = [
-        {"params": [p for n, p in named if not any(k in n for k in no_decay)],
-         "weight_decay": config.weight_decay},
+        {
+            "params": [p for n, p in named if not any(k in n for k in no_decay)],
+            "weight_decay": config.weight_decay,
+        },
         {"params": [p for n, p in named if any(k in n for k in no_decay)], "weight_decay": 0.0},
-    ]  # fmt: skip
+    ]
     opt = torch.optim.AdamW(groups, lr=config.lr, eps=1e-6)
     sched = get_linear_schedule_with_warmup(opt, int(config.warmup_ratio * run.steps), run.steps)
     data = run.batches(config.batch_size, config.seed)
@@ -80,42 +97,64 @@ def _run_transformers(config: FinetuneConfig, run: Prepared, model: torch.nn.Mod
         done = step + 1
         late = trained > seconds
         if progress and done % 20 == 0:
-            print(f"\rtransformers step {done}/{run.steps} loss {losses[-1]:.4f} "
-                  f"{tokens / trained:,.0f} tok/s", end="", flush=True)  # fmt: skip
+            print(
+                f"\rtransformers step {done}/{run.steps} loss {losses[-1]:.4f} "
+                f"{tokens / trained:,.0f} tok/s",
+                end="",
+                flush=True,
+            )
         if done % run.per_epoch == 0 or late or done == run.steps:
             result = evaluate_dev(run.task, model, run.dev, run.dev_f, config)
             model.train()
             evals.append({"step": done, "seconds": trained, **result})
             if not best or result[key] > best["metrics"][key]:
-                best = {"step": done, "metrics": result,
-                        "state": copy.deepcopy(model.state_dict())}  # fmt: skip
+                best = {"step": done, "metrics": result, "state": copy.deepcopy(model.state_dict())}
         if late:
             break
     if progress:
         print()
-    out: dict[str, Any] = {"steps": done, "planned_steps": run.steps,
-                           "seconds": trained, "tokens_per_s": tokens / trained,
-                           "best_step": best["step"], "dev": best["metrics"],
-                           "evaluations": evals, "losses": losses}  # fmt: skip
+    out: dict[str, Any] = {
+        "steps": done,
+        "planned_steps": run.steps,
+        "seconds": trained,
+        "tokens_per_s": tokens / trained,
+        "best_step": best["step"],
+        "dev": best["metrics"],
+        "evaluations": evals,
+        "losses": losses,
+    }
     if config.task == "tag":
         model.load_state_dict(best["state"])
         out["dev_full"] = run.task.evaluate_full(model, run.dev, run.dev_f, config.eval_batch_size)
     return out
 
 
-def _run_bertlab(config: FinetuneConfig, run: Prepared, seconds: float,
-                 progress: bool) -> dict[str, Any]:  # fmt: skip
+def _run_bertlab(
+    config: FinetuneConfig, run: Prepared, seconds: float, progress: bool
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as d:
         r = finetune(replace(config, max_seconds=seconds), d, progress=progress, prepared=run)
         rows = [json.loads(line) for line in (Path(d) / "metrics.jsonl").open()]
-    evals = [{"step": row["step"], "seconds": row["train_seconds"],
-              **{k[5:]: v for k, v in row.items() if k.startswith("eval_")}}
-             for row in rows if any(k.startswith("eval_") for k in row)]  # fmt: skip
+    evals = [
+        {
+            "step": row["step"],
+            "seconds": row["train_seconds"],
+            **{k[5:]: v for k, v in row.items() if k.startswith("eval_")},
+        }
+        for row in rows
+        if any(k.startswith("eval_") for k in row)
+    ]
     last = rows[-1]
-    out = {"steps": r["steps"], "planned_steps": r["planned_steps"],
-           "seconds": last["train_seconds"], "tokens_per_s": last["tokens_per_s"],
-           "best_step": r["best_step"], "dev": r["dev"], "evaluations": evals,
-           "losses": [round(row["loss"], 5) for row in rows]}  # fmt: skip
+    out = {
+        "steps": r["steps"],
+        "planned_steps": r["planned_steps"],
+        "seconds": last["train_seconds"],
+        "tokens_per_s": last["tokens_per_s"],
+        "best_step": r["best_step"],
+        "dev": r["dev"],
+        "evaluations": evals,
+        "losses": [round(row["loss"], 5) for row in rows],
+    }
     if "dev_full" in r:
         out["dev_full"] = r["dev_full"]
     return out
@@ -128,11 +167,15 @@ def bench_finetune(config: FinetuneConfig, seconds: float, progress: bool = True
     if config.dev is None and not config.dev_articles:
         raise ValueError("bench finetune needs a dev set: --dev, or --dev-articles for qa")
     if config.precision != "float32":
-        raise ValueError("bench finetune compares float32 runs; got precision "
-                         f"{config.precision!r}")  # fmt: skip
-    report: dict[str, Any] = {"task": config.task, "config": asdict(config),
-                              "budget_seconds": seconds,
-                              "threads": torch.get_num_threads()}  # fmt: skip
+        raise ValueError(
+            f"bench finetune compares float32 runs; got precision {config.precision!r}"
+        )
+    report: dict[str, Any] = {
+        "task": config.task,
+        "config": asdict(config),
+        "budget_seconds": seconds,
+        "threads": torch.get_num_threads(),
+    }
     started = time.perf_counter()
     run = prepare(config, progress)  # the data is read and encoded once, for both sides
     key = report["main_metric"] = main_metric(config, run.train_data)
@@ -151,10 +194,14 @@ def format_report(r: dict[str, Any]) -> str:
     lines = [f"{'':<14}{'steps':>12}{'train s':>9}{'tokens/s':>10}{'best ' + key:>14}"]
     for side in ("bertlab", "transformers"):
         s = r[side]
-        lines.append(f"{side:<14}{s['steps']:>6}/{s['planned_steps']:<5}{s['seconds']:>9.0f}"
-                     f"{s['tokens_per_s']:>10,.0f}{s['dev'][key]:>14.4f}")  # fmt: skip
-    lines.append(f"bertlab trains {r['speedup']:.2f}x the tokens per second; best {key} "
-                 f"{r['difference']:+.4f} against transformers")  # fmt: skip
+        lines.append(
+            f"{side:<14}{s['steps']:>6}/{s['planned_steps']:<5}{s['seconds']:>9.0f}"
+            f"{s['tokens_per_s']:>10,.0f}{s['dev'][key]:>14.4f}"
+        )
+    lines.append(
+        f"bertlab trains {r['speedup']:.2f}x the tokens per second; best {key} "
+        f"{r['difference']:+.4f} against transformers"
+    )
     return "\n".join(lines)
 
 

@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from .packing import Packing
+from bertlab.nn.packing import Packing
 
 try:  # variable-length flash attention (CUDA, half precision), in recent PyTorch
     from torch.nn.attention.varlen import varlen_attn

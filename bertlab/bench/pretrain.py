@@ -20,14 +20,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .config import BertConfig
-from .data.corpus import read_meta
-from .data.masking import IGNORE_INDEX, MaskingConfig
-from .data.stream import Phases, evaluation_batches
-from .heads import BertForPreTraining
-from .tasks.pretraining import PretrainingObjective, evaluate
-from .tokenizer import BertTokenizer
-from .train import linear_schedule, param_groups
+from bertlab.data.corpus import read_meta
+from bertlab.data.masking import IGNORE_INDEX, MaskingConfig
+from bertlab.data.stream import Phases, evaluation_batches
+from bertlab.nn.config import BertConfig
+from bertlab.nn.heads import BertForPreTraining
+from bertlab.tasks.pretraining import PretrainingObjective, evaluate
+from bertlab.tokenizer import BertTokenizer
+from bertlab.train.loop import linear_schedule, param_groups
 
 
 def _optimizer(model: torch.nn.Module, lr: float, warmup: int, steps: int):
@@ -36,14 +36,17 @@ def _optimizer(model: torch.nn.Module, lr: float, warmup: int, steps: int):
 
 
 def _evaluate_hf(model, batches: list[dict[str, torch.Tensor]]) -> dict[str, float]:
-    """The same held-out metrics as ``bertlab.pretrain.evaluate``, from transformers' logits."""
+    """The held-out metrics of ``bertlab.train.pretrain.evaluate``, from transformers' logits."""
     sums = dict.fromkeys(("mlm_loss", "mlm_acc", "nsp_loss", "nsp_acc"), 0.0)
     n_mlm = n_nsp = 0.0
     model.eval()
     with torch.no_grad():
         for b in batches:
-            out = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
-                        token_type_ids=b["token_type_ids"])  # fmt: skip
+            out = model(
+                input_ids=b["input_ids"],
+                attention_mask=b["attention_mask"],
+                token_type_ids=b["token_type_ids"],
+            )
             keep = b["labels"] != IGNORE_INDEX
             logits, target = out.prediction_logits[keep].float(), b["labels"][keep]
             sums["mlm_loss"] += float(F.cross_entropy(logits, target, reduction="sum"))
@@ -90,27 +93,45 @@ def bench_pretrain(
         ours.save_pretrained(tmp)
         hf = HFBertForPreTraining.from_pretrained(tmp, attn_implementation="sdpa")
     objective = PretrainingObjective(ours)
-    hf_tok = BertTokenizerFast(vocab_file=str(Path(vocab_dir) / "vocab.txt"),
-                               do_lower_case=tokenizer.do_lower_case)  # fmt: skip
-    collator = DataCollatorForLanguageModeling(hf_tok, mlm=True, mlm_probability=0.15,
-                                               return_tensors="pt")  # fmt: skip
+    hf_tok = BertTokenizerFast(
+        vocab_file=str(Path(vocab_dir) / "vocab.txt"), do_lower_case=tokenizer.do_lower_case
+    )
+    collator = DataCollatorForLanguageModeling(
+        hf_tok, mlm=True, mlm_probability=0.15, return_tensors="pt"
+    )
 
-    ours_data = Phases.build(steps, data, batch_size, long_data, long_fraction, long_batch_size,
-                             MaskingConfig.for_length, mask_token_id=tokenizer.mask_token_id,
-                             vocab_size=vocab_size, seed=seed, rank=0, world_size=1)  # fmt: skip
+    ours_data = Phases.build(
+        steps,
+        data,
+        batch_size,
+        long_data,
+        long_fraction,
+        long_batch_size,
+        MaskingConfig.for_length,
+        mask_token_id=tokenizer.mask_token_id,
+        vocab_size=vocab_size,
+        seed=seed,
+        rank=0,
+        world_size=1,
+    )
 
     def hf_batch(step: int) -> dict[str, torch.Tensor]:
         """The same rows as bertlab's step, unmasked, through transformers' collator."""
         stream = ours_data.stream(step)
-        features = [{"input_ids": e["input_ids"].tolist(),
-                     "token_type_ids": e["token_type_ids"].tolist(),
-                     "next_sentence_label": int(e["next_sentence_label"])}
-                    for e in stream.examples(stream.rows(step, 0))]  # fmt: skip
+        features = [
+            {
+                "input_ids": e["input_ids"].tolist(),
+                "token_type_ids": e["token_type_ids"].tolist(),
+                "next_sentence_label": int(e["next_sentence_label"]),
+            }
+            for e in stream.examples(stream.rows(step, 0))
+        ]
         return collator(features)
 
     masking = MaskingConfig.for_length(int(read_meta(eval_data)["max_seq_length"]))
-    batches = evaluation_batches(eval_data, eval_examples, 64, masking, tokenizer.mask_token_id,
-                                 vocab_size, seed=seed)  # fmt: skip
+    batches = evaluation_batches(
+        eval_data, eval_examples, 64, masking, tokenizer.mask_token_id, vocab_size, seed=seed
+    )
 
     sides = {"bertlab": ours, "transformers": hf}
     opts = {name: _optimizer(model, lr, warmup, steps) for name, model in sides.items()}
@@ -157,9 +178,13 @@ def bench_pretrain(
                     evals[name].append({"step": step + 1, **result})
         if progress:
             done = min(steps, first + segment)
-            print(f"\rbench pretrain: step {done}/{steps}, bertlab {seconds['bertlab']:.0f}s, "
-                  f"transformers {seconds['transformers']:.0f}s, "
-                  f"{time.perf_counter() - started:.0f}s in all", end="", flush=True)  # fmt: skip
+            print(
+                f"\rbench pretrain: step {done}/{steps}, bertlab {seconds['bertlab']:.0f}s, "
+                f"transformers {seconds['transformers']:.0f}s, "
+                f"{time.perf_counter() - started:.0f}s in all",
+                end="",
+                flush=True,
+            )
     if progress:
         print()
     tokens = sum(log["bertlab"]["tokens"])
@@ -179,7 +204,7 @@ def bench_pretrain(
             "eval_data": str(eval_data),
             "eval_examples": eval_examples,
             "threads": torch.get_num_threads(),
-        },  # fmt: skip
+        },
         "seconds": seconds,
         "tokens_per_s": {n: sum(log[n]["tokens"]) / seconds[n] for n in sides},
         "seconds_per_step": {n: seconds[n] / steps for n in sides},
@@ -196,7 +221,7 @@ def plot_pretrain(report: dict[str, Any], path: str | Path) -> None:
     """Held-out MLM and NSP accuracy and the training loss, both sides, to PNG."""
     import matplotlib
 
-    from .curves import smooth
+    from bertlab.train.curves import smooth
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -205,21 +230,32 @@ def plot_pretrain(report: dict[str, Any], path: str | Path) -> None:
     colours = {"bertlab": "#2a7", "transformers": "#c44"}
     for name, colour in colours.items():
         loss = report["train_loss"][name]
-        axes[0].plot(range(1, len(loss) + 1), smooth(loss, max(1, len(loss) // 50)),
-                     color=colour, label=name, linewidth=1)  # fmt: skip
+        axes[0].plot(
+            range(1, len(loss) + 1),
+            smooth(loss, max(1, len(loss) // 50)),
+            color=colour,
+            label=name,
+            linewidth=1,
+        )
         ev = report["eval"][name]
         steps = [e["step"] for e in ev]
         axes[1].plot(steps, [e["mlm_acc"] for e in ev], "o-", color=colour, label=name)
         axes[2].plot(steps, [e["nsp_acc"] for e in ev], "o-", color=colour, label=name)
-    for ax, title in zip(axes, ("training loss (MLM + NSP)", "held-out MLM accuracy",
-                                "held-out NSP accuracy"), strict=True):  # fmt: skip
+    for ax, title in zip(
+        axes,
+        ("training loss (MLM + NSP)", "held-out MLM accuracy", "held-out NSP accuracy"),
+        strict=True,
+    ):
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
         ax.legend()
     s = report["settings"]
-    fig.suptitle(f"pre-training {s['preset']}, batch {s['batch_size']}, {s['steps']} steps: "
-                 f"bertlab {report['speedup']:.2f}x faster per step", fontsize=10)  # fmt: skip
+    fig.suptitle(
+        f"pre-training {s['preset']}, batch {s['batch_size']}, {s['steps']} steps: "
+        f"bertlab {report['speedup']:.2f}x faster per step",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import BertConfig
-from .heads import (
+from bertlab.nn.config import BertConfig
+from bertlab.nn.heads import (
     BertForMaskedLM,
     BertForMultipleChoice,
     BertForNextSentencePrediction,
@@ -26,7 +26,7 @@ from .heads import (
     BertForSequenceClassification,
     BertForTokenClassification,
 )
-from .model import BertModel, BertPreTrainedModel
+from bertlab.nn.model import BertModel, BertPreTrainedModel
 
 HEADS: dict[str, type[BertPreTrainedModel]] = {
     "base": BertModel,
@@ -73,9 +73,14 @@ def symbols(config: BertConfig) -> dict[str, int]:
     """The sizes the formulas are written in (see LEGEND)."""
     c = config
     return dict(
-        V=c.vocab_size, H=c.hidden_size, P=c.max_position_embeddings, Y=c.type_vocab_size,
-        I=c.intermediate_size, K=c.num_labels, L=c.num_hidden_layers,
-    )  # fmt: skip
+        V=c.vocab_size,
+        H=c.hidden_size,
+        P=c.max_position_embeddings,
+        Y=c.type_vocab_size,
+        I=c.intermediate_size,
+        K=c.num_labels,
+        L=c.num_hidden_layers,
+    )
 
 
 def evaluate(formula: str, values: dict[str, int]) -> int:
@@ -110,13 +115,23 @@ def _base_specs(model: BertModel) -> list[_Spec]:
         layer = f"encoder.layer.{n}"
         specs += [
             # Q, K, V and the output projection W_O (reference 004: 2,362,368 for bert-base).
-            _Spec(f"{layer}.attention", "SelfAttention", seq, "4*H*H + 4*H",
-                  (f"{layer}.attention.self", f"{layer}.attention.output.dense")),
+            _Spec(
+                f"{layer}.attention",
+                "SelfAttention",
+                seq,
+                "4*H*H + 4*H",
+                (f"{layer}.attention.self", f"{layer}.attention.output.dense"),
+            ),
             _Spec(f"{layer}.attention.output.LayerNorm", "LayerNorm", seq, "2*H"),
-            _Spec(f"{layer}.feed_forward", "FeedForward", seq, "2*H*I + I + H",
-                  (f"{layer}.intermediate.dense", f"{layer}.output.dense")),
+            _Spec(
+                f"{layer}.feed_forward",
+                "FeedForward",
+                seq,
+                "2*H*I + I + H",
+                (f"{layer}.intermediate.dense", f"{layer}.output.dense"),
+            ),
             _Spec(f"{layer}.output.LayerNorm", "LayerNorm", seq, "2*H"),
-        ]  # fmt: skip
+        ]
     if model.pooler is not None:
         specs.append(_Spec("pooler.dense", "Linear+tanh", f"(B, {H})", "H*H + H"))
     return specs
@@ -134,11 +149,15 @@ def _head_specs(model: BertPreTrainedModel) -> list[_Spec]:
         specs += [
             _Spec("cls.predictions.transform.dense", "Linear+act", f"(B, T, {H})", "H*H + H"),
             _Spec("cls.predictions.transform.LayerNorm", "LayerNorm", f"(B, T, {H})", "2*H"),
-            _Spec("cls.predictions.decoder", "Linear (tied)" if tied else "Linear",
-                  f"(B, T, {V})", TIED if tied else "V*H"),
+            _Spec(
+                "cls.predictions.decoder",
+                "Linear (tied)" if tied else "Linear",
+                f"(B, T, {V})",
+                TIED if tied else "V*H",
+            ),
             # The per-token output bias (reference 004, "MLM-Sim": T parameters).
             _Spec("cls.predictions.bias", "Bias", f"(B, T, {V})", "V"),
-        ]  # fmt: skip
+        ]
     if hasattr(getattr(model, "cls", None), "seq_relationship"):
         specs.append(_Spec("cls.seq_relationship", "Linear", "(B, 2)", "2*H + 2"))
     if isinstance(model, BertForMultipleChoice):

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import BUNDLED_NAMES, resolve_model_dir
-from .cli_tasks import add_task_parsers
-from .config import PRESETS, BertConfig
+from bertlab.cli.tasks import add_task_parsers
+from bertlab.io.checkpoint import BUNDLED_NAMES, resolve_model_dir
+from bertlab.nn.config import PRESETS, BertConfig
 
 DEMO_TEXT = "The quick brown fox jumps over the lazy dog."
 DEMO_REVIEW = "A warm, funny and beautifully acted film that stays with you."
@@ -40,9 +40,9 @@ def _vec(t: torch.Tensor, dims: int) -> str:
 
 # ============================================================================ demo
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .model import BertModel
-    from .summary import format_table, parameter_table
-    from .tokenizer import BertTokenizer
+    from bertlab.explore.summary import format_table, parameter_table
+    from bertlab.nn.model import BertModel
+    from bertlab.tokenizer import BertTokenizer
 
     directory = resolve_model_dir(args.model)
     print(f"bertlab demo: the checkpoint in {directory}\n")
@@ -83,22 +83,33 @@ def _demo_finetune(args: argparse.Namespace, directory: Path) -> int:
     report dev accuracy, classify a sentence the user types."""
     import tempfile
 
-    from .finetune import FinetuneConfig, finetune
-    from .pipelines import pipeline
+    from bertlab.pipelines import pipeline
+    from bertlab.train.finetune import FinetuneConfig, finetune
 
-    samples = Path(__file__).parent / "data" / "samples"
+    samples = Path(__file__).parents[1] / "data" / "samples"
     out = Path(args.output) if args.output else Path(tempfile.mkdtemp(prefix="bertlab-demo-"))
-    print(f"\nFine-tuning a sentiment classifier on the bundled SST-2 sample ({args.epochs:g} "
-          f"epochs, at most {args.seconds:g} s of training), into {out}")  # fmt: skip
-    config = FinetuneConfig(task="classify", train=str(samples / "sst2_train.tsv"),
-                            dev=str(samples / "sst2_dev.tsv"), model=str(directory),
-                            epochs=args.epochs, batch_size=32, max_length=64, lr=1e-4,
-                            max_seconds=args.seconds)  # fmt: skip
+    print(
+        f"\nFine-tuning a sentiment classifier on the bundled SST-2 sample ({args.epochs:g} "
+        f"epochs, at most {args.seconds:g} s of training), into {out}"
+    )
+    config = FinetuneConfig(
+        task="classify",
+        train=str(samples / "sst2_train.tsv"),
+        dev=str(samples / "sst2_dev.tsv"),
+        model=str(directory),
+        epochs=args.epochs,
+        batch_size=32,
+        max_length=64,
+        lr=1e-4,
+        max_seconds=args.seconds,
+    )
     result = finetune(config, out, overwrite=args.output is not None)
     dev = result["dev"]
-    print(f"Dev accuracy: {dev['accuracy']:.4f} on 1,000 held-out SST-2 sentences "
-          f"(F1 {dev['f1']:.4f}, MCC {dev['mcc']:.4f}), after {result['steps']} steps in "
-          f"{result['seconds']:.0f} s; the model is in {out / 'model'}")  # fmt: skip
+    print(
+        f"Dev accuracy: {dev['accuracy']:.4f} on 1,000 held-out SST-2 sentences "
+        f"(F1 {dev['f1']:.4f}, MCC {dev['mcc']:.4f}), after {result['steps']} steps in "
+        f"{result['seconds']:.0f} s; the model is in {out / 'model'}"
+    )
     classify = pipeline("classify", str(out / "model"))
     sentence = args.sentence
     if sentence is None and sys.stdin.isatty():
@@ -120,7 +131,7 @@ def _config_from_source(source: str) -> tuple[BertConfig, str]:
 
 
 def cmd_summary(args: argparse.Namespace) -> int:
-    from .summary import HEADS, build_for_summary, format_table, parameter_table
+    from bertlab.explore.summary import HEADS, build_for_summary, format_table, parameter_table
 
     config, origin = _config_from_source(args.source)
     overrides = {}
@@ -138,9 +149,9 @@ def cmd_summary(args: argparse.Namespace) -> int:
 
 # ============================================================================ inspect
 def cmd_inspect_embeddings(args: argparse.Namespace) -> int:
-    from .dissect import dissect_embeddings
-    from .model import BertModel
-    from .tokenizer import BertTokenizer
+    from bertlab.explore.dissect import dissect_embeddings
+    from bertlab.nn.model import BertModel
+    from bertlab.tokenizer import BertTokenizer
 
     directory = resolve_model_dir(args.model)
     model = BertModel.from_pretrained(directory)
@@ -177,11 +188,16 @@ def cmd_inspect_embeddings(args: argparse.Namespace) -> int:
 
 # ============================================================================ tokenize
 def cmd_tokenize(args: argparse.Namespace) -> int:
-    from .tokenizer import BertTokenizer
+    from bertlab.tokenizer import BertTokenizer
 
     tok = BertTokenizer.from_pretrained(args.model)
-    enc = tok(args.text, args.pair, truncation=args.max_length is not None,
-              max_length=args.max_length, return_offsets_mapping=True)  # fmt: skip
+    enc = tok(
+        args.text,
+        args.pair,
+        truncation=args.max_length is not None,
+        max_length=args.max_length,
+        return_offsets_mapping=True,
+    )
     sources = (args.text, args.pair)
     rows = [("#", "token", "id", "type", "word", "offsets", "text")]
     for i, (token, id_, type_, word, seq, (a, b)) in enumerate(
@@ -193,13 +209,14 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
             enc.sequence_ids(),
             enc["offset_mapping"],
             strict=True,
-        )  # fmt: skip
+        )
     ):
         special = seq is None
         text = "" if special else sources[seq][a:b]
         where = "" if special else f"{a}:{b}"
-        rows.append((str(i), token, str(id_), str(type_), "" if special else str(word), where,
-                     text))  # fmt: skip
+        rows.append(
+            (str(i), token, str(id_), str(type_), "" if special else str(word), where, text)
+        )
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
     for r in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
@@ -211,33 +228,49 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
 
 
 def cmd_train_vocab(args: argparse.Namespace) -> int:
-    from .tokenizer import BertTokenizer, train_vocab
+    from bertlab.tokenizer import BertTokenizer, train_vocab
 
-    path = train_vocab(args.files, args.vocab_size, args.output, lowercase=not args.cased,
-                       min_frequency=args.min_frequency)  # fmt: skip
+    path = train_vocab(
+        args.files,
+        args.vocab_size,
+        args.output,
+        lowercase=not args.cased,
+        min_frequency=args.min_frequency,
+    )
     tok = BertTokenizer.from_pretrained(args.output)
     print(f"wrote {path} ({tok.vocab_size} tokens, {'cased' if args.cased else 'uncased'})")
     return 0
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
-    from .data.corpus import prepare, read_meta
+    from bertlab.data.corpus import prepare, read_meta
 
-    out = prepare(args.files, args.model, args.output, max_seq_length=args.max_seq_length,
-                  short_seq_prob=args.short_seq_prob, dupe_factor=args.dupe_factor,
-                  nsp=not args.no_nsp, seed=args.seed, workers=args.workers,
-                  shard_size=args.shard_size, overwrite=args.overwrite)  # fmt: skip
+    out = prepare(
+        args.files,
+        args.model,
+        args.output,
+        max_seq_length=args.max_seq_length,
+        short_seq_prob=args.short_seq_prob,
+        dupe_factor=args.dupe_factor,
+        nsp=not args.no_nsp,
+        seed=args.seed,
+        workers=args.workers,
+        shard_size=args.shard_size,
+        overwrite=args.overwrite,
+    )
     meta = read_meta(out)
-    print(f"wrote {out}: {meta['num_examples']:,} examples, {meta['num_tokens']:,} tokens "
-          f"({meta['random_next']:,} with a random next segment) in {len(meta['shards'])} "
-          f"shard(s); {meta['documents']:,} documents, {meta['documents_skipped']:,} empty ones "
-          f"skipped, {meta['chunks_dropped']:,} pieces too short for a pair dropped")  # fmt: skip
+    print(
+        f"wrote {out}: {meta['num_examples']:,} examples, {meta['num_tokens']:,} tokens "
+        f"({meta['random_next']:,} with a random next segment) in {len(meta['shards'])} "
+        f"shard(s); {meta['documents']:,} documents, {meta['documents_skipped']:,} empty ones "
+        f"skipped, {meta['chunks_dropped']:,} pieces too short for a pair dropped"
+    )
     return 0
 
 
 # ============================================================================ bench
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .bench import (
+    from bertlab.bench.speed import (
         WORKLOADS,
         bench_int8,
         bench_model,
@@ -265,7 +298,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         report["machine"]["torch_threads"] = args.threads
     device = "cuda" if args.device == "cuda" else "cpu"
     report["machine"]["device"] = torch.cuda.get_device_name() if device == "cuda" else "cpu"
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     data = Path(args.data) if args.data else root.parent / "shared" / "data"
     texts, origin = tokenizer_texts(data if data.is_dir() else None, root / "tests" / "fixtures")
     folders = [m for m in args.models.split(",") if m not in PRESETS]
@@ -275,16 +308,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
         report["tokenizer"] = {"data": origin, **r}
         tps = r["tokens_per_s"]
         print(f"tokenizer  {r['texts']:,} texts ({origin})")
-        print(f"  bertlab {tps['bertlab']:,.0f} tokens/s, transformers "
-              f"{tps['transformers']:,.0f} tokens/s: {r['ratio']:.2f}x")  # fmt: skip
+        print(
+            f"  bertlab {tps['bertlab']:,.0f} tokens/s, transformers "
+            f"{tps['transformers']:,.0f} tokens/s: {r['ratio']:.2f}x"
+        )
     if "int8" in workloads:
         sample = list(dict.fromkeys(texts))[:1000]
         r = bench_int8(folder, sample, repeats=args.repeats)
         report["int8"] = {"model": folder, "data": origin, **r}
-        print(f"int8 ({folder}, {len(sample)} texts): {r['speedup_over_float32']:.2f}x float32's "
-              f"speed; embeddings' cosine to float32 mean {r['cosine_to_float32']['mean']:.3f} "
-              f"(min {r['cosine_to_float32']['min']:.3f}); nearest neighbour kept "
-              f"{r['nearest_neighbour_agreement']:.0%}")  # fmt: skip
+        print(
+            f"int8 ({folder}, {len(sample)} texts): {r['speedup_over_float32']:.2f}x float32's "
+            f"speed; embeddings' cosine to float32 mean {r['cosine_to_float32']['mean']:.3f} "
+            f"(min {r['cosine_to_float32']['min']:.3f}); nearest neighbour kept "
+            f"{r['nearest_neighbour_agreement']:.0%}"
+        )
     header = f"{'model':<9}{'workload':<10}{'dtype':<10}{'bertlab tok/s':>14}{'hf tok/s':>11}"
     header += f"{'ratio':>8}{'peak MB b/hf':>15}{'useful/matmul b/hf':>20}"
     for model in args.models.split(","):
@@ -297,10 +334,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 )
                 report["results"].append(r)
                 t, p, u = r["tokens_per_s"], r["peak_memory_mb"], r["useful_share_of_matmul"]
-                print(f"{model:<9}{workload:<10}{dtype:<10}{t['bertlab']:>14,.0f}"
-                      f"{t['transformers']:>11,.0f}{r['ratio']:>7.2f}x"
-                      f"{p['bertlab']:>8.0f}/{p['transformers']:<6.0f}"
-                      f"{u['bertlab']:>12.0%}/{u['transformers']:.0%}", flush=True)  # fmt: skip
+                print(
+                    f"{model:<9}{workload:<10}{dtype:<10}{t['bertlab']:>14,.0f}"
+                    f"{t['transformers']:>11,.0f}{r['ratio']:>7.2f}x"
+                    f"{p['bertlab']:>8.0f}/{p['transformers']:<6.0f}"
+                    f"{u['bertlab']:>12.0%}/{u['transformers']:.0%}",
+                    flush=True,
+                )
     _write_outputs(args, report, (lambda path: plot(report, path)) if report["results"] else None)
     return 0
 
@@ -317,38 +357,50 @@ def _write_outputs(args: argparse.Namespace, report: dict, draw) -> None:
 
 
 def _bench_pretrain(args: argparse.Namespace) -> int:
-    from .bench import machine
-    from .bench_pretrain import bench_pretrain, plot_pretrain
+    from bertlab.bench.pretrain import bench_pretrain, plot_pretrain
+    from bertlab.bench.speed import machine
 
     if args.threads:
         torch.set_num_threads(args.threads)
     if not (args.corpus and args.eval_corpus):
         raise ValueError("bench pretrain needs --corpus and --eval-corpus (bertlab prepare)")
-    r = bench_pretrain(args.corpus, args.eval_corpus, args.long_corpus, preset=args.preset,
-                       steps=args.steps, batch_size=args.batch_size,
-                       long_batch_size=args.long_batch_size, lr=args.lr or 1e-4,
-                       warmup=args.warmup_steps,
-                       segment=args.segment, eval_every=args.eval_every)  # fmt: skip
+    r = bench_pretrain(
+        args.corpus,
+        args.eval_corpus,
+        args.long_corpus,
+        preset=args.preset,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        long_batch_size=args.long_batch_size,
+        lr=args.lr or 1e-4,
+        warmup=args.warmup_steps,
+        segment=args.segment,
+        eval_every=args.eval_every,
+    )
     report = {"machine": machine(), "pretrain": r}
     print(f"{'':<14}{'s/step':>8}{'tokens/s':>10}{'MLM acc':>9}{'NSP acc':>9}")
     for side in ("bertlab", "transformers"):
         f = r["final"][side]
-        print(f"{side:<14}{r['seconds_per_step'][side]:>8.3f}{r['tokens_per_s'][side]:>10,.0f}"
-              f"{f['mlm_acc']:>9.4f}{f['nsp_acc']:>9.4f}")  # fmt: skip
+        print(
+            f"{side:<14}{r['seconds_per_step'][side]:>8.3f}{r['tokens_per_s'][side]:>10,.0f}"
+            f"{f['mlm_acc']:>9.4f}{f['nsp_acc']:>9.4f}"
+        )
     print(f"bertlab is {r['speedup']:.2f}x faster per step")
     _write_outputs(args, report, lambda path: plot_pretrain(r, path))
     return 0
 
 
 def _bench_finetune(args: argparse.Namespace) -> int:
-    from .bench import machine
-    from .bench_finetune import bench_finetune, format_report, plot_finetune
-    from .finetune import TASKS, FinetuneConfig
-    from .metrics import format_conlleval
+    from bertlab.bench.finetune import bench_finetune, format_report, plot_finetune
+    from bertlab.bench.speed import machine
+    from bertlab.metrics import format_conlleval
+    from bertlab.train.finetune import TASKS, FinetuneConfig
 
     if len(args.workloads) != 2 or args.workloads[1] not in TASKS:
-        raise ValueError(f"bench finetune takes one task, one of {', '.join(TASKS)}; got "
-                         f"{' '.join(args.workloads[1:]) or 'none'}")  # fmt: skip
+        raise ValueError(
+            f"bench finetune takes one task, one of {', '.join(TASKS)}; got "
+            f"{' '.join(args.workloads[1:]) or 'none'}"
+        )
     if not args.train:
         raise ValueError("bench finetune needs --train (and --dev, or --dev-articles for qa)")
     if args.threads:
@@ -356,11 +408,20 @@ def _bench_finetune(args: argparse.Namespace) -> int:
     model = "default" if args.models == "default,base" else args.models  # one model here
     if "," in model:
         raise ValueError(f"bench finetune starts from one model; got --models {args.models}")
-    config = FinetuneConfig(task=args.workloads[1], train=args.train, dev=args.dev,
-                            model=model, epochs=args.epochs, batch_size=args.batch_size,
-                            lr=args.lr or 5e-5, max_length=args.max_length,
-                            max_train_examples=args.max_train_examples, seed=args.seed,
-                            dropout=args.dropout, dev_articles=args.dev_articles)  # fmt: skip
+    config = FinetuneConfig(
+        task=args.workloads[1],
+        train=args.train,
+        dev=args.dev,
+        model=model,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr or 5e-5,
+        max_length=args.max_length,
+        max_train_examples=args.max_train_examples,
+        seed=args.seed,
+        dropout=args.dropout,
+        dev_articles=args.dev_articles,
+    )
     r = bench_finetune(config, args.seconds)
     print(format_report(r))
     if "dev_full" in r["bertlab"]:
@@ -374,8 +435,8 @@ def _bench_finetune(args: argparse.Namespace) -> int:
 
 # ============================================================================ main
 def build_parser() -> argparse.ArgumentParser:
-    from .bench import DRAWS
-    from .summary import HEADS
+    from bertlab.bench.speed import DRAWS
+    from bertlab.explore.summary import HEADS
 
     p = argparse.ArgumentParser(prog="bertlab", description="A complete BERT in PyTorch.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -444,11 +505,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_task_parsers(sub)
 
     bench = sub.add_parser("bench", help="measure bertlab against transformers")
-    bench.add_argument("workloads", nargs="*",
-                       help="any of tokenizer, int8, variable, fixed128, fixed512, latency, "
-                       "train (default: all); or pretrain alone: a pre-training run on each "
-                       "side; or finetune TASK (classify, tag, qa): a fine-tuning run on each "
-                       "side for the same time budget")  # fmt: skip
+    bench.add_argument(
+        "workloads",
+        nargs="*",
+        help="any of tokenizer, int8, variable, fixed128, fixed512, latency, "
+        "train (default: all); or pretrain alone: a pre-training run on each "
+        "side; or finetune TASK (classify, tag, qa): a fine-tuning run on each "
+        "side for the same time budget",
+    )
     bench.add_argument(
         "--models",
         default="default,base",
@@ -465,9 +529,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--threads", type=int, help="torch threads for both sides")
     bench.add_argument("--data", help="shared data folder (default: ../shared/data if present)")
     bench.add_argument("--repeats", type=int, default=5)
-    bench.add_argument("--draws", type=int, default=DRAWS,
-                       help="batches of drawn lengths in each run of the variable workload "
-                       f"(seeds 0 to N-1; default {DRAWS})")  # fmt: skip
+    bench.add_argument(
+        "--draws",
+        type=int,
+        default=DRAWS,
+        help="batches of drawn lengths in each run of the variable workload "
+        f"(seeds 0 to N-1; default {DRAWS})",
+    )
     bench.add_argument("--out", help="write the JSON report here")
     bench.add_argument("--plot", help="write a bar chart of the ratios here (PNG)")
     pre = bench.add_argument_group("bench pretrain")

@@ -85,8 +85,8 @@ def bench_tokenizer(
     BertTokenizer, both loaded from ``model_dir``, both returning lists of ids with padding off."""
     import transformers
 
-    from .checkpoint import resolve_model_dir
-    from .tokenizer import BertTokenizer
+    from bertlab.io.checkpoint import resolve_model_dir
+    from bertlab.tokenizer import BertTokenizer
 
     d = str(resolve_model_dir(model_dir))
     ours = BertTokenizer.from_pretrained(d)
@@ -240,10 +240,10 @@ def _load_pair(model: str, kind: str, attn: str):
 
     import transformers
 
-    from .checkpoint import resolve_model_dir
-    from .config import PRESETS, BertConfig
-    from .heads import BertForPreTraining
-    from .model import BertModel
+    from bertlab.io.checkpoint import resolve_model_dir
+    from bertlab.nn.config import PRESETS, BertConfig
+    from bertlab.nn.heads import BertForPreTraining
+    from bertlab.nn.model import BertModel
 
     ours_cls = BertForPreTraining if kind == "training" else BertModel
     ref_cls = getattr(transformers, ours_cls.__name__)
@@ -402,15 +402,17 @@ def bench_int8(model_dir: str | os.PathLike, texts: list[str], repeats: int = 5)
     """int8 dynamic quantisation against float32, both bertlab: speed of sentence embeddings
     (mean-pooled, normalised) and what it costs: cosine similarity of each text's embedding to
     its float32 one, and how often the nearest other text stays the same."""
-    from .model import BertModel
-    from .precision import quantize_int8
-    from .tokenizer import BertTokenizer
+    from bertlab.nn.model import BertModel
+    from bertlab.nn.precision import quantize_int8
+    from bertlab.tokenizer import BertTokenizer
 
     tok = BertTokenizer.from_pretrained(model_dir)
     fp32 = BertModel.from_pretrained(model_dir, attn_implementation="packed")
     int8 = quantize_int8(fp32)
-    batches = [tok(texts[i : i + 32], padding=True, truncation=True, max_length=128,
-                   return_tensors="pt") for i in range(0, len(texts), 32)]  # fmt: skip
+    batches = [
+        tok(texts[i : i + 32], padding=True, truncation=True, max_length=128, return_tensors="pt")
+        for i in range(0, len(texts), 32)
+    ]
 
     def embed(model) -> torch.Tensor:
         out = []

@@ -269,7 +269,7 @@ class BertConfig:
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, **overrides: Any) -> BertConfig:
         """From a model folder (its ``config.json``) or a ``.json`` file."""
-        from .checkpoint import resolve_model_dir
+        from bertlab.io.checkpoint import resolve_model_dir
 
         p = Path(path)
         if p.suffix == ".json" and p.is_file():

@@ -22,13 +22,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import fused
-from .attention import BACKENDS, packed_attention
-from .config import ATTN_IMPLEMENTATIONS, BertConfig
-from .outputs import (
+from bertlab.nn import fused
+from bertlab.nn.attention import BACKENDS, packed_attention
+from bertlab.nn.config import ATTN_IMPLEMENTATIONS, BertConfig
+from bertlab.nn.outputs import (
     BaseModelOutputWithPooling,
 )
-from .packing import Packing, check_rows, round_rows
+from bertlab.nn.packing import Packing, check_rows, round_rows
 
 ACTIVATIONS = {
     "gelu": lambda: nn.GELU(),  # exact, with erf: what BERT uses
@@ -362,13 +362,13 @@ class BertPreTrainedModel(nn.Module):
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, **kwargs: Any):
         """Load a Hugging Face or bertlab model folder (see ``checkpoint.load_pretrained``)."""
-        from .checkpoint import load_pretrained
+        from bertlab.io.checkpoint import load_pretrained
 
         return load_pretrained(cls, path, **kwargs)
 
     def save_pretrained(self, directory: str | os.PathLike) -> None:
         """Write ``config.json`` and ``model.safetensors`` (transformers loads them back)."""
-        from .checkpoint import save_pretrained
+        from bertlab.io.checkpoint import save_pretrained
 
         save_pretrained(self, directory)
 
@@ -548,9 +548,14 @@ class BertModel(BertPreTrainedModel):
         output_attentions: bool = False,
     ) -> BaseModelOutputWithPooling:
         enc = self.encode(
-            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-            output_hidden_states, output_attentions,
-        )  # fmt: skip
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            position_ids,
+            inputs_embeds,
+            output_hidden_states,
+            output_attentions,
+        )
         return BaseModelOutputWithPooling(
             last_hidden_state=enc.padded(enc.hidden),  # (B, T, H); zeros at padding if packed
             pooler_output=enc.pooled,

@@ -1,5 +1,5 @@
 """``bertlab pretrain``, ``finetune``, ``predict`` and ``plot``: the training and inference
-verbs of the command line (``bertlab.cli`` holds the others, and ``main``)."""
+verbs of the command line (``bertlab.cli.main`` holds the others, and ``main``)."""
 
 from __future__ import annotations
 
@@ -10,15 +10,15 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import BUNDLED_NAMES
-from .config import PRESETS
+from bertlab.io.checkpoint import BUNDLED_NAMES
+from bertlab.nn.config import PRESETS
 
 
 def cmd_pretrain(args: argparse.Namespace) -> int:
     import os
 
-    from .pretrain import PretrainConfig, pretrain
-    from .train import TrainConfig
+    from bertlab.train.loop import TrainConfig
+    from bertlab.train.pretrain import PretrainConfig, pretrain
 
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1  # launched by torchrun
     device = args.device
@@ -31,22 +31,38 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     try:
         steps = args.steps
         tc = TrainConfig(
-            out_dir=args.output, steps=steps, lr=args.lr, weight_decay=args.weight_decay,
+            out_dir=args.output,
+            steps=steps,
+            lr=args.lr,
+            weight_decay=args.weight_decay,
             warmup_steps=steps // 100 if args.warmup_steps is None else args.warmup_steps,
-            optimizer=args.optimizer, max_grad_norm=args.max_grad_norm,
-            grad_accum=args.grad_accum, precision=args.precision, seed=args.seed,
-            log_every=args.log_every, save_every=args.save_every, device=device,
+            optimizer=args.optimizer,
+            max_grad_norm=args.max_grad_norm,
+            grad_accum=args.grad_accum,
+            precision=args.precision,
+            seed=args.seed,
+            log_every=args.log_every,
+            save_every=args.save_every,
+            device=device,
             compile=args.compile,
-        )  # fmt: skip
+        )
         config = PretrainConfig(
-            data=args.data, train=tc, model=args.model, batch_size=args.batch_size,
-            long_data=args.long_data, long_fraction=args.long_fraction,
-            long_batch_size=args.long_batch_size, eval_data=args.eval_data,
-            eval_examples=args.eval_examples, eval_every=args.eval_every,
-            masking=args.masking, mask_rate=args.mask_rate,
-            max_predictions=args.max_predictions, whole_word=args.whole_word,
+            data=args.data,
+            train=tc,
+            model=args.model,
+            batch_size=args.batch_size,
+            long_data=args.long_data,
+            long_fraction=args.long_fraction,
+            long_batch_size=args.long_batch_size,
+            eval_data=args.eval_data,
+            eval_examples=args.eval_examples,
+            eval_every=args.eval_every,
+            masking=args.masking,
+            mask_rate=args.mask_rate,
+            max_predictions=args.max_predictions,
+            whole_word=args.whole_word,
             dropout=args.dropout,
-        )  # fmt: skip
+        )
         metrics = pretrain(config, resume=args.resume, overwrite=args.overwrite)
         if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
             return 0
@@ -62,21 +78,43 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
 
 
 def cmd_finetune(args: argparse.Namespace) -> int:
-    from .finetune import FinetuneConfig, finetune
+    from bertlab.train.finetune import FinetuneConfig, finetune
 
-    names = ("train", "dev", "model", "epochs", "batch_size", "lr", "warmup_ratio",
-             "weight_decay", "max_length", "max_train_examples", "max_seconds", "seed",
-             "dropout", "precision", "device", "text_column", "pair_column", "label_column",
-             "doc_stride", "max_query_length", "max_answer_length", "dev_articles")  # fmt: skip
+    names = (
+        "train",
+        "dev",
+        "model",
+        "epochs",
+        "batch_size",
+        "lr",
+        "warmup_ratio",
+        "weight_decay",
+        "max_length",
+        "max_train_examples",
+        "max_seconds",
+        "seed",
+        "dropout",
+        "precision",
+        "device",
+        "text_column",
+        "pair_column",
+        "label_column",
+        "doc_stride",
+        "max_query_length",
+        "max_answer_length",
+        "dev_articles",
+    )
     config = FinetuneConfig(task=args.task, **{n: getattr(args, n) for n in names})
     r = finetune(config, args.output, overwrite=args.overwrite)
     where = Path(args.output) / "model"
     print(f"done in {r['seconds']:.0f}s, {r['steps']} steps; model in {where}")
     if r["dev"]:
-        print(f"dev (best, step {r['best_step']}): "
-              + ", ".join(f"{k} {v:.4f}" for k, v in r["dev"].items()))  # fmt: skip
+        print(
+            f"dev (best, step {r['best_step']}): "
+            + ", ".join(f"{k} {v:.4f}" for k, v in r["dev"].items())
+        )
     if "dev_full" in r:
-        from .metrics import format_conlleval
+        from bertlab.metrics import format_conlleval
 
         print(format_conlleval(r["dev_full"]))
     return 0
@@ -106,14 +144,16 @@ def _inputs(args: argparse.Namespace) -> list:
         except json.JSONDecodeError:
             obj = None
         if not isinstance(obj, dict) or not {"question", "context"} <= set(obj):
-            raise ValueError(f"answer input line {n}: a JSON object with question and context "
-                             "is expected (or pass --context)")  # fmt: skip
+            raise ValueError(
+                f"answer input line {n}: a JSON object with question and context "
+                "is expected (or pass --context)"
+            )
         items.append(obj)
     return items
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from .pipelines import pipeline
+    from bertlab.pipelines import pipeline
 
     items = _inputs(args)
     pipe = pipeline(args.task, args.model, args.device, args.batch_size)
@@ -127,37 +167,53 @@ def cmd_predict(args: argparse.Namespace) -> int:
     elif args.task == "fill-mask":
         outputs = pipe(items, top_k=k or 5)
     else:
-        outputs = [pipe(x["question"], x["context"], top_k=k or 1,
-                        max_answer_length=args.max_answer_length,
-                        allow_no_answer=args.allow_no_answer) for x in items]  # fmt: skip
+        outputs = [
+            pipe(
+                x["question"],
+                x["context"],
+                top_k=k or 1,
+                max_answer_length=args.max_answer_length,
+                allow_no_answer=args.allow_no_answer,
+            )
+            for x in items
+        ]
     for item, result in zip(items, outputs, strict=True):
         if args.json:
             print(json.dumps({"input": item, "output": result}, ensure_ascii=False))
         elif args.task == "embed":
-            print(f"{item}\t[{', '.join(f'{x:+.4f}' for x in result[:6])}, ...] "
-                  f"({len(result)} dims)")  # fmt: skip
+            print(
+                f"{item}\t[{', '.join(f'{x:+.4f}' for x in result[:6])}, ...] ({len(result)} dims)"
+            )
         elif args.task == "tag":
-            shown = "; ".join(f"{e['entity']} {e['text']!r} [{e['start']}:{e['end']}] "
-                              f"{e['score']:.3f}" for e in result)  # fmt: skip
+            shown = "; ".join(
+                f"{e['entity']} {e['text']!r} [{e['start']}:{e['end']}] {e['score']:.3f}"
+                for e in result
+            )
             print(f"{item}\t{shown or '(no entities)'}")
         elif args.task == "answer":
             best = result[0] if isinstance(result, list) else result
-            print(f"{item['question']}\t{best['answer']!r} [{best['start']}:{best['end']}] "
-                  f"{best['score']:.3f}")  # fmt: skip
+            print(
+                f"{item['question']}\t{best['answer']!r} [{best['start']}:{best['end']}] "
+                f"{best['score']:.3f}"
+            )
         elif args.task == "fill-mask":
             masks = result if result and isinstance(result[0], list) else [result]
-            shown = " | ".join(", ".join(f"{c['token']} {c['score']:.3f}" for c in m)
-                               for m in masks)  # fmt: skip
+            shown = " | ".join(
+                ", ".join(f"{c['token']} {c['score']:.3f}" for c in m) for m in masks
+            )
             print(f"{item}\t{shown}")
         else:
-            shown = ", ".join(f"{c['label']} {c['score']:.3f}" for c in result) if isinstance(
-                result, list) else f"{result['value']:.4f}"  # fmt: skip
+            shown = (
+                ", ".join(f"{c['label']} {c['score']:.3f}" for c in result)
+                if isinstance(result, list)
+                else f"{result['value']:.4f}"
+            )
             print(f"{item}\t{shown}")
     return 0
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from .curves import plot_run
+    from bertlab.train.curves import plot_run
 
     print(f"wrote {plot_run(args.run, args.output)}")
     return 0
@@ -167,9 +223,11 @@ def add_task_parsers(sub: argparse._SubParsersAction) -> None:
     pt = sub.add_parser("pretrain", help="masked LM + next sentence prediction pre-training")
     pt.add_argument("--data", required=True, help="a prepared corpus (bertlab prepare)")
     pt.add_argument("-o", "--output", required=True, help="the run folder")
-    pt.add_argument("--model", default="mini",
-                    help=f"a preset ({', '.join(PRESETS)}), a config.json, or a model folder "
-                    "to continue from")  # fmt: skip
+    pt.add_argument(
+        "--model",
+        default="mini",
+        help=f"a preset ({', '.join(PRESETS)}), a config.json, or a model folder to continue from",
+    )
     pt.add_argument("--steps", type=int, default=1000, help="optimizer steps in all")
     pt.add_argument("--batch-size", type=int, default=32, help="global, per step")
     pt.add_argument("--long-data", help="the long phase's corpus (e.g. prepared at 512)")
@@ -214,8 +272,9 @@ def add_task_parsers(sub: argparse._SubParsersAction) -> None:
     ft.add_argument("--max-train-examples", type=int, help="a random subset of the training set")
     ft.add_argument("--max-seconds", type=float, help="training-time budget")
     ft.add_argument("--seed", type=int, default=0)
-    ft.add_argument("--dropout", type=float, help="hidden and attention dropout (default: "
-                    "the model's)")  # fmt: skip
+    ft.add_argument(
+        "--dropout", type=float, help="hidden and attention dropout (default: the model's)"
+    )
     ft.add_argument("--precision", choices=["float32", "bfloat16"], default="float32")
     ft.add_argument("--device", default="cpu")
     ft.add_argument("--text-column", help="classify: the text column (default: detected)")
@@ -224,8 +283,12 @@ def add_task_parsers(sub: argparse._SubParsersAction) -> None:
     ft.add_argument("--doc-stride", type=int, default=128, help="qa: window step in tokens")
     ft.add_argument("--max-query-length", type=int, default=64)
     ft.add_argument("--max-answer-length", type=int, default=30)
-    ft.add_argument("--dev-articles", type=int, default=0,
-                    help="qa: hold out the last N articles of --train for evaluation")  # fmt: skip
+    ft.add_argument(
+        "--dev-articles",
+        type=int,
+        default=0,
+        help="qa: hold out the last N articles of --train for evaluation",
+    )
     ft.add_argument("--overwrite", action="store_true")
     ft.set_defaults(func=cmd_finetune)
 

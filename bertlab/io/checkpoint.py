@@ -25,7 +25,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from .config import BertConfig
+from bertlab.nn.config import BertConfig
 
 logger = logging.getLogger("bertlab")
 

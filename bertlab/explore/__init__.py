@@ -1,0 +1,3 @@
+"""Looking inside a model: the parameter table (``bertlab summary``) and the embedding layer
+taken apart (``bertlab inspect embeddings``). Imports the network; nothing imports it but the
+commands."""
