@@ -1,6 +1,7 @@
 """bertlab: a complete BERT in PyTorch, exact to the reference, readable, fast."""
 
-from bertlab.io.checkpoint import LoadingInfo, bundled_model_dir, read_state_dict
+from bertlab.files import bundled_model_dir
+from bertlab.io.checkpoint import LoadingInfo, read_state_dict
 from bertlab.nn.config import BertConfig
 from bertlab.nn.heads import (
     BertForMaskedLM,

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from bertlab.data.batch import pad
-from bertlab.io.checkpoint import resolve_model_dir
+from bertlab.files import resolve_model_dir
 from bertlab.metrics import conll_entities, to_iob2
 from bertlab.nn.heads import (
     BertForMaskedLM,

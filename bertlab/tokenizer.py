@@ -29,7 +29,7 @@ from tokenizers import (
     trainers,
 )
 
-from bertlab.io.checkpoint import atomic_write, resolve_model_dir
+from bertlab.files import atomic_write, resolve_model_dir
 
 # Role -> the token BERT uses for it. Every vocabulary must hold all five.
 SPECIAL_TOKENS = {

@@ -447,7 +447,7 @@ def test_pretraining_model_keeps_decoder_tied(tmp_path):
 def test_default_name_resolves_to_bundled_checkpoint(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no local folder called "default" can interfere
     bundled = bertlab.bundled_model_dir()
-    assert bertlab.io.checkpoint.resolve_model_dir("default") == bundled
+    assert bertlab.files.resolve_model_dir("default") == bundled
     model, info = BertModel.from_pretrained("default", output_loading_info=True)
     assert no_losses(info), info
     assert model.config == BertConfig.from_pretrained(bundled)

@@ -21,10 +21,11 @@ import torch
 import torch.nn.functional as F
 
 from bertlab.data.corpus import read_meta
-from bertlab.data.masking import IGNORE_INDEX, MaskingConfig
+from bertlab.data.masking import MaskingConfig
 from bertlab.data.stream import Phases, evaluation_batches
 from bertlab.nn.config import BertConfig
 from bertlab.nn.heads import BertForPreTraining
+from bertlab.nn.losses import IGNORE_INDEX
 from bertlab.tasks.pretraining import PretrainingObjective, evaluate
 from bertlab.tokenizer import BertTokenizer
 from bertlab.train.loop import linear_schedule, param_groups

@@ -85,7 +85,7 @@ def bench_tokenizer(
     BertTokenizer, both loaded from ``model_dir``, both returning lists of ids with padding off."""
     import transformers
 
-    from bertlab.io.checkpoint import resolve_model_dir
+    from bertlab.files import resolve_model_dir
     from bertlab.tokenizer import BertTokenizer
 
     d = str(resolve_model_dir(model_dir))
@@ -240,7 +240,7 @@ def _load_pair(model: str, kind: str, attn: str):
 
     import transformers
 
-    from bertlab.io.checkpoint import resolve_model_dir
+    from bertlab.files import resolve_model_dir
     from bertlab.nn.config import PRESETS, BertConfig
     from bertlab.nn.heads import BertForPreTraining
     from bertlab.nn.model import BertModel

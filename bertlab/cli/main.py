@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 
 from bertlab.cli.tasks import add_task_parsers
-from bertlab.io.checkpoint import BUNDLED_NAMES, resolve_model_dir
-from bertlab.nn.config import PRESETS, BertConfig
+from bertlab.files import BUNDLED_NAMES, resolve_model_dir
+from bertlab.nn.config import PRESETS, resolve_source
 
 DEMO_TEXT = "The quick brown fox jumps over the lazy dog."
 DEMO_REVIEW = "A warm, funny and beautifully acted film that stays with you."
@@ -121,19 +121,11 @@ def _demo_finetune(args: argparse.Namespace, directory: Path) -> int:
 
 
 # ============================================================================ summary
-def _config_from_source(source: str) -> tuple[BertConfig, str]:
-    if source.lower().removeprefix("bert-").removesuffix("-uncased") in PRESETS:
-        return BertConfig.preset(source), f"preset {source}"
-    path = Path(source)
-    if path.suffix == ".json" and path.is_file():
-        return BertConfig.from_json_file(path), str(path)
-    return BertConfig.from_pretrained(resolve_model_dir(source)), str(resolve_model_dir(source))
-
-
 def cmd_summary(args: argparse.Namespace) -> int:
     from bertlab.explore.summary import HEADS, build_for_summary, format_table, parameter_table
 
-    config, origin = _config_from_source(args.source)
+    source = resolve_source(args.source)
+    config, origin = source.config, source.description
     overrides = {}
     if args.vocab_size is not None:
         overrides["vocab_size"] = args.vocab_size

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from bertlab.io.checkpoint import BUNDLED_NAMES
+from bertlab.files import BUNDLED_NAMES
 from bertlab.nn.config import PRESETS
 
 

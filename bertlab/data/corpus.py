@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from bertlab.data.batch import pad
-from bertlab.io.checkpoint import atomic_write
+from bertlab.files import atomic_write
 from bertlab.tokenizer import BertTokenizer
 
 FORMAT, VERSION = "bertlab-pretraining-corpus", 1

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-IGNORE_INDEX = -100  # the label the MLM loss skips (bertlab.nn.heads, torch cross_entropy)
+from bertlab.nn.losses import IGNORE_INDEX  # noqa: F401  (the label the MLM loss skips)
 
 
 @dataclass(frozen=True)

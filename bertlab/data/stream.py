@@ -23,8 +23,9 @@ import numpy as np
 import torch
 
 from bertlab.data.corpus import PretrainingCorpus, read_meta
-from bertlab.data.masking import IGNORE_INDEX, MaskingConfig, mask_tokens, special_tokens_mask
-from bertlab.train.loop import sum_over_ranks, world
+from bertlab.data.masking import MaskingConfig, mask_tokens, special_tokens_mask
+from bertlab.distributed import sum_over_ranks, world
+from bertlab.nn.losses import IGNORE_INDEX
 
 
 def _seed(*parts: int) -> int:

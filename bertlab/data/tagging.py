@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bertlab.data.masking import IGNORE_INDEX
 from bertlab.metrics import to_iob2
+from bertlab.nn.losses import IGNORE_INDEX
 from bertlab.tokenizer import BertTokenizer
 
 

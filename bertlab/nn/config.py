@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bertlab.files import resolve_model_dir
+
 ACTIVATIONS = ("gelu", "gelu_new", "relu", "silu")
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "packed")
 POSITION_INITS = ("normal", "sinusoidal")
@@ -269,8 +271,6 @@ class BertConfig:
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, **overrides: Any) -> BertConfig:
         """From a model folder (its ``config.json``) or a ``.json`` file."""
-        from bertlab.io.checkpoint import resolve_model_dir
-
         p = Path(path)
         if p.suffix == ".json" and p.is_file():
             return cls.from_json_file(p, **overrides)
@@ -279,3 +279,28 @@ class BertConfig:
     def save_pretrained(self, directory: str | os.PathLike) -> None:
         Path(directory).mkdir(parents=True, exist_ok=True)
         self.to_json_file(Path(directory) / "config.json")
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a model comes from: a preset or a config file (fresh weights), or a model folder
+    (its config and weights)."""
+
+    config: BertConfig
+    kind: str  # "preset", "file" or "folder"
+    folder: Path | None  # the model folder whose weights to load; None: fresh weights
+    description: str  # "preset base", the file or the folder, for messages
+
+
+def resolve_source(source: str | os.PathLike, **overrides: Any) -> Source:
+    """A preset name (``base``, ``bert-base-uncased``, ...), a ``config.json`` file or a model
+    folder (or the bundled default's name) -> its config, with ``overrides`` applied. The one
+    reading of a model source, for the command line, pre-training and fine-tuning."""
+    name = str(source)
+    if name.lower().removeprefix("bert-").removesuffix("-uncased") in PRESETS:
+        return Source(BertConfig.preset(name, **overrides), "preset", None, f"preset {name}")
+    path = Path(source)
+    if path.suffix == ".json" and path.is_file():
+        return Source(BertConfig.from_json_file(path, **overrides), "file", None, str(path))
+    folder = resolve_model_dir(source)
+    return Source(BertConfig.from_pretrained(folder, **overrides), "folder", folder, str(folder))

@@ -12,9 +12,9 @@ from torch import nn
 
 from bertlab.nn import fused
 from bertlab.nn.config import BertConfig
+from bertlab.nn.losses import IGNORE_INDEX
 from bertlab.nn.model import (
     ACTIVATIONS,
-    IGNORE_INDEX,
     BertModel,
     BertPreTrainedModel,
     Encoded,

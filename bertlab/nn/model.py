@@ -44,7 +44,6 @@ ACTIVATIONS_INPLACE = {
     "relu": torch.relu_,
     "silu": lambda t: F.silu(t, inplace=True),
 }
-IGNORE_INDEX = -100  # label value that the losses skip
 Layout = torch.Tensor | Packing | None  # how a batch is laid out: a padding mask, or packed
 
 

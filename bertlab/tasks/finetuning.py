@@ -17,10 +17,10 @@ from torch import nn
 
 from bertlab import metrics as M
 from bertlab.data.batch import pad
-from bertlab.data.masking import IGNORE_INDEX
 from bertlab.data.squad import SquadData, best_answers
 from bertlab.data.tagging import TaggingData, word_predictions
-from bertlab.train.loop import world
+from bertlab.distributed import world
+from bertlab.nn.losses import IGNORE_INDEX
 
 
 def _inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bertlab.data.masking import IGNORE_INDEX
 from bertlab.nn.heads import BertForMaskedLM, BertForPreTraining
+from bertlab.nn.losses import IGNORE_INDEX
 
 
 class PretrainingObjective(nn.Module):

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from bertlab.io.checkpoint import resolve_model_dir
+from bertlab.files import resolve_model_dir
 from bertlab.nn.heads import (
     BertForQuestionAnswering,
     BertForSequenceClassification,

@@ -38,7 +38,8 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from bertlab.io.checkpoint import atomic_write
+from bertlab.distributed import rng_state, set_rng_state, sum_over_ranks, world
+from bertlab.files import atomic_write
 
 logger = logging.getLogger("bertlab")
 CHECKPOINT = "checkpoint.pt"
@@ -143,20 +144,6 @@ def linear_schedule(warmup: int, total: int) -> Callable[[int], float]:
 
 
 # ============================================================================ checkpoints
-def rng_state() -> dict[str, Any]:
-    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])  # type: ignore[arg-type]
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     """Write atomically (temporary file, fsync, rename); the previous one is kept as .prev."""
     if path.exists():
@@ -176,26 +163,6 @@ def load_checkpoint(path: Path) -> dict[str, Any] | None:
         except Exception as e:  # a truncated or corrupted file
             logger.warning("checkpoint %s is damaged (%s); trying the previous one", candidate, e)
     return None
-
-
-# ============================================================================ many processes
-def world() -> tuple[int, int]:
-    """(rank, world size): (0, 1) unless torch.distributed is initialised."""
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def sum_over_ranks(values: list[float]) -> list[float]:
-    """Each value summed over the ranks (the identity on one process)."""
-    if world()[1] == 1:
-        return values
-    t = torch.tensor(values, dtype=torch.float64)
-    if torch.distributed.get_backend() == "nccl":
-        t = t.cuda()
-    torch.distributed.all_reduce(t)
-    return t.tolist()
 
 
 # ============================================================================ the loop

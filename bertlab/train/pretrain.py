@@ -29,11 +29,11 @@ from torch import nn
 from bertlab.data.corpus import read_meta
 from bertlab.data.masking import MaskingConfig
 from bertlab.data.stream import Phases, evaluation_batches
-from bertlab.io.checkpoint import resolve_model_dir
-from bertlab.nn.config import PRESETS, BertConfig
+from bertlab.distributed import world
+from bertlab.nn.config import resolve_source
 from bertlab.nn.heads import BertForMaskedLM, BertForPreTraining
 from bertlab.tasks.pretraining import PretrainingObjective, evaluate
-from bertlab.train.loop import CHECKPOINT, TrainConfig, train, world
+from bertlab.train.loop import CHECKPOINT, TrainConfig, train
 
 logger = logging.getLogger("bertlab")
 RUN_FILE = "run.json"  # the settings of a run folder; --resume must match them
@@ -77,26 +77,17 @@ def build_model(source: str, vocab_size: int, dropout: float | None) -> BertForP
     over = {"vocab_size": vocab_size}
     if dropout is not None:
         over |= {"hidden_dropout_prob": dropout, "attention_probs_dropout_prob": dropout}
-    if source.lower().removeprefix("bert-").removesuffix("-uncased") in PRESETS:
-        return BertForPreTraining(BertConfig.preset(source, **over))
-    path = Path(source)
-    if path.suffix == ".json" and path.is_file():
-        config = BertConfig.from_json_file(path)
-        if config.vocab_size != vocab_size:
-            raise ValueError(
-                f"the vocabulary has {vocab_size} tokens but {path} sets vocab_size "
-                f"{config.vocab_size}: they must match"
-            )
-        return BertForPreTraining(config.replace(**over))
-    path = resolve_model_dir(source)
-    config = BertConfig.from_pretrained(path)
-    if config.vocab_size != vocab_size:
+    found = resolve_source(source)
+    if found.kind != "preset" and found.config.vocab_size != vocab_size:
+        where = f"the model in {found.folder} has" if found.folder else f"{found.description} sets"
         raise ValueError(
-            f"the vocabulary has {vocab_size} tokens but the model in {path} has "
-            f"vocab_size {config.vocab_size}: they must match"
+            f"the vocabulary has {vocab_size} tokens but {where} vocab_size "
+            f"{found.config.vocab_size}: they must match"
         )
+    if found.folder is None:
+        return BertForPreTraining(found.config.replace(**over))
     drop = {k: v for k, v in over.items() if k != "vocab_size"}
-    return BertForPreTraining.from_pretrained(path, **drop)
+    return BertForPreTraining.from_pretrained(found.folder, **drop)
 
 
 def _check_run_folder(out: Path, settings: dict, resume: bool, overwrite: bool) -> None:
