@@ -21,8 +21,8 @@ from bertlab.data.masking import IGNORE_INDEX, MaskingConfig
 from bertlab.data.stream import CorpusStream, Phases, evaluation_batches
 from bertlab.nn.config import BertConfig
 from bertlab.nn.heads import BertForPreTraining
-from bertlab.tasks.pretraining import PretrainingObjective, evaluate
-from bertlab.train.loop import TrainConfig
+from bertlab.tasks.pretraining import PretrainingObjective
+from bertlab.train.loop import TrainConfig, TrainingInterrupted
 from bertlab.train.pretrain import PretrainConfig, pretrain
 
 VOCAB = bertlab.bundled_model_dir()
@@ -150,7 +150,7 @@ def test_objective_matches_the_model_loss(corpora):
     torch.manual_seed(0)
     model = BertForPreTraining(BertConfig(**TINY)).eval()
     batch = _stream(corpora["short"], 6)(0, 0)
-    loss, m = PretrainingObjective(model)(**batch)
+    loss, m = PretrainingObjective()(model, batch)
     ref = model(
         input_ids=batch["input_ids"],
         attention_mask=batch["attention_mask"],
@@ -176,7 +176,8 @@ def test_evaluation_batches_are_fixed_and_cover_the_sample(corpora):
     assert [x["input_ids"].shape[0] for x in a] == [16, 16, 16, 2]
     assert all(torch.equal(x["labels"], y["labels"]) for x, y in zip(a, b, strict=True))
     torch.manual_seed(0)
-    result = evaluate(PretrainingObjective(BertForPreTraining(BertConfig(**TINY)).eval()), a)
+    model = BertForPreTraining(BertConfig(**TINY)).eval()
+    result = PretrainingObjective().evaluate(model, a)
     assert set(result) == {"mlm_loss", "mlm_acc", "nsp_loss", "nsp_acc"}
     assert 0 <= result["mlm_acc"] <= 1 and 0 <= result["nsp_acc"] <= 1
     assert result["mlm_loss"] > 5  # an untrained model over 30,522 tokens
@@ -252,8 +253,9 @@ def test_stopped_and_resumed_run_gives_the_same_losses(corpora, tmp_path, monkey
         return call(self, step, micro)
 
     monkeypatch.setattr(Phases, "__call__", interrupt_at_step_3)
-    stopped = pretrain(_config(corpora, broken, steps=6, eval_every=0))
-    assert stopped["step"] == 3 and not (broken / "model").exists()
+    with pytest.raises(TrainingInterrupted) as stopped:
+        pretrain(_config(corpora, broken, steps=6, eval_every=0))
+    assert stopped.value.step == 3 and not (broken / "model").exists()
     monkeypatch.setattr(Phases, "__call__", call)
     pretrain(_config(corpora, broken, steps=6, eval_every=0), resume=True)
     a, b = _losses(whole), _losses(broken)

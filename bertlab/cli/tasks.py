@@ -17,7 +17,7 @@ from bertlab.nn.config import PRESETS
 def cmd_pretrain(args: argparse.Namespace) -> int:
     import os
 
-    from bertlab.train.loop import TrainConfig
+    from bertlab.train.loop import TrainConfig, TrainingInterrupted
     from bertlab.train.pretrain import PretrainConfig, pretrain
 
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1  # launched by torchrun
@@ -45,6 +45,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
             save_every=args.save_every,
             device=device,
             compile=args.compile,
+            max_seconds=args.max_seconds,
         )
         config = PretrainConfig(
             data=args.data,
@@ -63,14 +64,25 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
             whole_word=args.whole_word,
             dropout=args.dropout,
         )
-        metrics = pretrain(config, resume=args.resume, overwrite=args.overwrite)
-        if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
+        main_rank = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
+        try:
+            metrics = pretrain(config, resume=args.resume, overwrite=args.overwrite)
+        except TrainingInterrupted as stop:
+            if main_rank:
+                print(
+                    f"interrupted at step {stop.step}; checkpoint saved in {args.output}; "
+                    "continue with: bertlab pretrain ... --resume (the same options)",
+                    file=sys.stderr,
+                )
+            return 130  # as a shell reports a process that SIGINT ended
+        if not main_rank:
             return 0
-        shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k != "step")
-        if metrics.get("step") == steps:
-            print(f"done: step {steps}, {shown}; model in {Path(args.output) / 'model'}")
-        else:
-            print(f"stopped at step {metrics.get('step')}: continue with --resume")
+        done = int(metrics.get("step", 0))
+        shown = ", ".join(
+            f"{k} {v:.4f}" for k, v in metrics.items() if k not in ("step", "planned_steps")
+        )
+        budget = f" (the time budget's plan of {steps})" if done < steps else ""
+        print(f"done: step {done}{budget}, {shown}; model in {Path(args.output) / 'model'}")
         return 0
     finally:
         if distributed and torch.distributed.is_initialized():
@@ -250,6 +262,12 @@ def add_task_parsers(sub: argparse._SubParsersAction) -> None:
     pt.add_argument("--dropout", type=float, help="override the model's dropout")
     pt.add_argument("--compile", action="store_true", help="torch.compile the model")
     pt.add_argument("--device", default="cpu", help="cpu or cuda (one per process)")
+    pt.add_argument(
+        "--max-seconds",
+        type=float,
+        help="a training-time budget: the steps that fit are planned after a few timed ones, "
+        "and warm-up and decay are fitted to them (evaluation time not counted)",
+    )
     pt.add_argument("--seed", type=int, default=0)
     pt.add_argument("--log-every", type=int, default=10)
     pt.add_argument("--save-every", type=int, default=500)

@@ -12,7 +12,7 @@ from torch import nn
 
 from bertlab.nn import fused
 from bertlab.nn.config import BertConfig
-from bertlab.nn.losses import IGNORE_INDEX
+from bertlab.nn.losses import IGNORE_INDEX, pretraining_loss
 from bertlab.nn.model import (
     ACTIVATIONS,
     BertModel,
@@ -134,14 +134,13 @@ class BertForPreTraining(BertPreTrainedModel):
         )
         if (labels is None) != (next_sentence_label is None):
             raise ValueError("BertForPreTraining needs both labels and next_sentence_label")
-        mlm_loss, mlm_logits = _masked_lm(self.cls.predictions, enc, labels, return_logits)
+        scores, targets, mlm_logits = _masked_lm(self.cls.predictions, enc, labels, return_logits)
         nsp_logits = self.cls.seq_relationship(enc.pooled)  # (B, 2)
         loss = None
         if labels is not None:
-            nsp_loss = _cross_entropy(
-                nsp_logits, next_sentence_label.reshape(-1), "next_sentence_label"
-            )
-            loss = mlm_loss + nsp_loss
+            nsp_labels = next_sentence_label.reshape(-1)
+            _check_labels(nsp_labels, 2, "next_sentence_label")
+            loss, _ = pretraining_loss(scores, targets, nsp_logits, nsp_labels, accuracy=False)
         return BertForPreTrainingOutput(
             loss, mlm_logits, nsp_logits, enc.hidden_states, enc.attentions
         )
@@ -177,7 +176,8 @@ class BertForMaskedLM(BertPreTrainedModel):
             output_hidden_states,
             output_attentions,
         )
-        loss, logits = _masked_lm(self.cls.predictions, enc, labels, return_logits)
+        scores, targets, logits = _masked_lm(self.cls.predictions, enc, labels, return_logits)
+        loss = None if targets is None else pretraining_loss(scores, targets, accuracy=False)[0]
         return MaskedLMOutput(loss, logits, enc.hidden_states, enc.attentions)
 
 
@@ -215,23 +215,21 @@ class BertForNextSentencePrediction(BertPreTrainedModel):
 
 def _masked_lm(
     head: BertLMPredictionHead, enc: Encoded, labels: torch.Tensor | None, return_logits: bool
-) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """MLM loss and logits (B, T, V). With ``return_logits=False`` and labels, only the
-    positions that have a label are scored, as the original pre-training code does (it gathers
-    the masked positions): about 15% of the vocabulary projection, and the logits are None."""
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """(scores (N, V), their labels (N,), logits (B, T, V)) for ``pretraining_loss``; without
+    labels, the first two are None. With ``return_logits=False`` and labels, only the positions
+    that have a label are scored, as the original pre-training code does (it gathers the masked
+    positions): about 15% of the vocabulary projection, and the logits are None."""
     flat = None if labels is None else enc.per_token(labels).reshape(-1)
-    if return_logits or labels is None:
+    if flat is not None:
+        _check_labels(flat, head.bias.shape[0], "MLM label")
+    if return_logits or flat is None:
         logits = head(enc.hidden)  # (B, T, V), or (N, V) packed
-        loss = (
-            None
-            if flat is None
-            else _cross_entropy(logits.view(-1, logits.shape[-1]), flat, "MLM label")
-        )
-        return loss, enc.padded(logits)
-    _check_labels(flat, head.bias.shape[0], "MLM label")
+        scores = None if flat is None else logits.view(-1, logits.shape[-1])
+        return scores, flat, enc.padded(logits)
     keep = (flat != IGNORE_INDEX).nonzero().squeeze(1)
     hidden = enc.hidden.reshape(-1, enc.hidden.shape[-1]).index_select(0, keep)
-    return F.cross_entropy(head(hidden).float(), flat[keep]), None
+    return head(hidden), flat[keep], None
 
 
 def _dropout_p(config: BertConfig) -> float:

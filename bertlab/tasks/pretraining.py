@@ -1,80 +1,81 @@
 """Masked LM + next sentence prediction: the pre-training objective (reference 003, 004).
 
-The objective is a module holding the model, not a function of it: with many processes,
-DistributedDataParallel must wrap what runs the forward pass, loss included. Its loss is written
-as this rank's share of the global mean (its sum over its rows divided by the count over all
-ranks' rows, ``mlm_count`` and ``nsp_count`` in the batch), so that DDP's gradient average gives
-the gradient of the whole batch whatever the number of processes. Only the masked positions go
+A task of the shared protocol (``bertlab.tasks.Task``): ``objective(model, batch) -> (loss,
+metrics)`` and ``objective.evaluate(model, batches) -> metrics``. The loss is
+``bertlab.nn.losses.pretraining_loss``, the very function of ``BertForPreTraining``'s own loss,
+written as this rank's share of the global mean: its sum over its rows divided by the count over
+all ranks' rows (``mlm_count`` and ``nsp_count`` in the batch, from ``bertlab.data.stream``), so
+that DDP's gradient average gives the gradient of the whole batch whatever the number of
+processes. On one process that share is the model's own loss. Only the masked positions go
 through the vocabulary projection, as the original code gathers them: about 15% of the cost of
 projecting every token.
+
+With many processes the training loop wraps the model in DistributedDataParallel and runs this
+objective inside the wrapper's forward pass (``bertlab.train.loop``), so the objective may call
+the model's parts (encoder, heads) directly.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from bertlab.nn.heads import BertForMaskedLM, BertForPreTraining
-from bertlab.nn.losses import IGNORE_INDEX
+from bertlab.nn.heads import BertForPreTraining
+from bertlab.nn.losses import IGNORE_INDEX, pretraining_loss
 
 
-class PretrainingObjective(nn.Module):
-    """The model and its loss. forward(batch) -> (loss to back-propagate, metrics), where each
-    metric is this rank's share of the global value (they add up over ranks)."""
+class PretrainingObjective:
+    """MLM (+ NSP for a ``BertForPreTraining``; MLM alone for a ``BertForMaskedLM``).
 
-    def __init__(self, model: BertForPreTraining | BertForMaskedLM, world_size: int = 1):
-        super().__init__()
-        self.model = model
-        self.nsp = isinstance(model, BertForPreTraining)
+    ``objective(model, batch)`` -> (loss to back-propagate, metrics), where each metric is this
+    rank's share of the global value (they add up over ranks). ``world_size``: the processes
+    the batch is spread over; DDP averages gradients over them, and the loss undoes that.
+    """
+
+    def __init__(self, world_size: int = 1):
         self.world_size = world_size
 
-    def forward(
-        self,
-        input_ids,
-        attention_mask,
-        token_type_ids,
-        labels,
-        next_sentence_label,
-        mlm_count,
-        nsp_count,
+    def __call__(
+        self, model: nn.Module, batch: dict[str, torch.Tensor]
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        enc = self.model.bert.encode(input_ids, attention_mask, token_type_ids)
-        flat = enc.per_token(labels).reshape(-1)
+        enc = model.bert.encode(
+            batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]
+        )
+        flat = enc.per_token(batch["labels"]).reshape(-1)
         keep = (flat != IGNORE_INDEX).nonzero().squeeze(1)
         hidden = enc.hidden.reshape(-1, enc.hidden.shape[-1]).index_select(0, keep)
-        logits = self.model.cls.predictions(hidden).float()  # (masked tokens, V)
-        target = flat.index_select(0, keep)
-        n_mlm = mlm_count.squeeze()
-        mlm = F.cross_entropy(logits, target, reduction="sum") / n_mlm
-        metrics = {"mlm_loss": mlm.detach(), "mlm_acc": (logits.argmax(-1) == target).sum() / n_mlm}
-        loss = mlm
-        if self.nsp:
-            nsp_logits = self.model.cls.seq_relationship(enc.pooled).float()  # (B, 2)
-            nsp_label = next_sentence_label.reshape(-1)
-            nsp = F.cross_entropy(nsp_logits, nsp_label, reduction="sum") / nsp_count.squeeze()
-            metrics["nsp_loss"] = nsp.detach()
-            metrics["nsp_acc"] = (nsp_logits.argmax(-1) == nsp_label).sum() / nsp_count.squeeze()
-            loss = mlm + nsp
-        metrics["loss"] = loss.detach()
+        scores = model.cls.predictions(hidden)  # (masked tokens, V)
+        nsp_logits = nsp_labels = None
+        if isinstance(model, BertForPreTraining):
+            nsp_logits = model.cls.seq_relationship(enc.pooled)  # (B, 2)
+            nsp_labels = batch["next_sentence_label"]
+        loss, metrics = pretraining_loss(
+            scores,
+            flat.index_select(0, keep),
+            nsp_logits,
+            nsp_labels,
+            mlm_count=batch["mlm_count"].squeeze(),
+            nsp_count=batch["nsp_count"].squeeze(),
+        )
         # DDP averages gradients over ranks; the shares must add up, so undo the average.
         return loss * self.world_size, metrics
 
-
-def evaluate(
-    objective: PretrainingObjective, batches: list[dict[str, torch.Tensor]], device: str = "cpu"
-) -> dict[str, float]:
-    """Held-out MLM loss and accuracy (over all masked tokens) and NSP loss and accuracy (over
-    all rows); one process, no gradients."""
-    sums: dict[str, float] = {}
-    weights = {"mlm": 0.0, "nsp": 0.0}
-    with torch.no_grad():
-        for batch in batches:
-            _, m = objective(**{k: v.to(device) for k, v in batch.items()})  # metrics: means
-            for key, value in m.items():
-                if key != "loss":
-                    w = float(batch["mlm_count"] if key.startswith("mlm") else batch["nsp_count"])
-                    sums[key] = sums.get(key, 0.0) + float(value) * w
-            weights["mlm"] += float(batch["mlm_count"])
-            weights["nsp"] += float(batch["nsp_count"])
-    return {k: v / weights[k[:3]] for k, v in sums.items()}
+    def evaluate(
+        self, model: nn.Module, batches: Iterable[dict[str, torch.Tensor]], device: str = "cpu"
+    ) -> dict[str, float]:
+        """Held-out MLM loss and accuracy (over all masked tokens) and NSP loss and accuracy
+        (over all rows); one process, no gradients."""
+        sums: dict[str, float] = {}
+        weights = {"mlm": 0.0, "nsp": 0.0}
+        with torch.no_grad():
+            for batch in batches:
+                _, m = PretrainingObjective()(model, {k: v.to(device) for k, v in batch.items()})
+                for key, value in m.items():  # the metrics of one batch are its means
+                    if key != "loss":
+                        count = batch["mlm_count" if key.startswith("mlm") else "nsp_count"]
+                        sums[key] = sums.get(key, 0.0) + float(value) * float(count)
+                weights["mlm"] += float(batch["mlm_count"])
+                weights["nsp"] += float(batch["nsp_count"])
+        return {k: v / weights[k[:3]] for k, v in sums.items()}

@@ -2,20 +2,30 @@
 
     train(model, task, data, config) -> the last step's metrics
 
-``task`` turns a batch into a loss and metrics; ``data(step, micro)`` gives the batch for an
-optimizer step and micro-batch, deterministically, so a run can stop anywhere and resume on the
-very batch it would have seen. The loop does the rest: AdamW (no decay on biases and LayerNorm)
-or LAMB, linear warm-up then linear decay, gradient accumulation and clipping, bfloat16
-autocast, checkpoints that lose nothing (model, optimiser, schedule, RNG states, step; written
-atomically, periodically and on SIGINT/SIGTERM), a metrics file and a progress line. A loss
-that is not finite stops the run, naming the step and the last good checkpoint.
+``task`` follows ``bertlab.tasks.Task``: ``task(model, batch)`` -> (loss, metrics).
+``data(step, micro)`` gives the batch for an optimizer step and micro-batch, deterministically,
+so a run can stop anywhere and resume on the very batch it would have seen. The loop does the
+rest: AdamW (fused; no decay on biases and LayerNorm) or LAMB, linear warm-up then linear decay,
+gradient accumulation and clipping, bfloat16 autocast, checkpoints that lose nothing (model,
+optimiser, RNG states, step, time plan; written atomically, periodically and on
+SIGINT/SIGTERM), a metrics file and a progress line. A loss that is not finite stops the run,
+naming the step and the last good checkpoint. A signal saves a checkpoint, then
+``TrainingInterrupted`` leaves ``train``.
+
+A time budget (``TrainConfig.max_seconds``) is planned, not just enforced: the loop times a few
+steps, fixes how many steps fit, and fits the learning-rate schedule to them (see ``Plan``).
 
 Many processes (``torchrun``; the caller has run ``torch.distributed.init_process_group``): the
-model is wrapped in DistributedDataParallel, ``data`` gives each rank its own rows, and only rank
-0 writes. DDP averages the gradients over ranks, so a task whose loss is "this rank's share of
-the global loss" (its sum over its rows divided by the global count) multiplies it by the world
-size; its metrics are shares too, and the loop sums them over ranks. A task that does so gives
-the same run on any number of processes (``bertlab.train.pretrain`` does).
+model is wrapped in DistributedDataParallel and the task runs inside the wrapper's forward pass,
+``data`` gives each rank its own rows, and only rank 0 writes. DDP averages the gradients over
+ranks, so a task whose loss is "this rank's share of the global loss" (its sum over its rows
+divided by the global count) multiplies it by the world size; its metrics are shares too, and
+the loop sums them over ranks. A task that does so gives the same run on any number of
+processes (``bertlab.tasks.pretraining`` does).
+
+The steps of a run, in order (``Run``'s methods): ``restore`` (resume), then per optimizer step
+``fits`` (the time budget), ``step`` (accumulate, check, clip, update), ``evaluate``, ``log``,
+``checkpoint``; a signal ends with ``checkpoint`` and ``TrainingInterrupted``.
 """
 
 from __future__ import annotations
@@ -26,38 +36,69 @@ import math
 import os
 import random
 import signal
-import sys
 import threading
 import time
-from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import nn
 
 from bertlab.distributed import rng_state, set_rng_state, sum_over_ranks, world
 from bertlab.files import atomic_write
+from bertlab.progress import Progress
+from bertlab.tasks import Task
+
+__all__ = [
+    "CHECKPOINT",
+    "Plan",
+    "Task",
+    "TrainConfig",
+    "TrainingInterrupted",
+    "linear_schedule",
+    "param_groups",
+    "train",
+]
 
 logger = logging.getLogger("bertlab")
 CHECKPOINT = "checkpoint.pt"
+clock = time.perf_counter  # the loop's clock (a test may replace it with a deterministic one)
 
 
-class Task(Protocol):
-    def __call__(
-        self, model: nn.Module, batch: dict[str, torch.Tensor]
-    ) -> tuple[torch.Tensor, dict]:
-        """batch -> (loss, metrics as floats)."""
+class TrainingInterrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM stopped ``train``: the step finished, its checkpoint saved.
+
+    ``step``: the optimizer steps done; ``checkpoint``: the saved file (None when the run keeps
+    no checkpoints); ``signum``: the signal. A KeyboardInterrupt, so a caller that does not
+    catch it stops as on Ctrl-C; ``bertlab pretrain`` catches it and says how to continue.
+    """
+
+    def __init__(self, step: int, checkpoint: Path | None, signum: int = signal.SIGINT):
+        where = f"checkpoint saved in {checkpoint}" if checkpoint else "no checkpoint kept"
+        super().__init__(f"interrupted at step {step}; {where}")
+        self.step = step
+        self.checkpoint = checkpoint
+        self.signum = signum
 
 
 @dataclass(frozen=True)
 class TrainConfig:
+    """The optimisation settings of a run.
+
+    ``max_seconds``: a budget of training time (forward, backward, update and data; evaluation
+    and checkpoint writing are not counted, and a resumed run continues the clock of the one it
+    resumes). The loop times the first steps, plans how many of ``steps`` fit, scales warm-up
+    and decay to that plan so that the learning rate reaches 0 at the budget (see ``Plan``), and
+    never starts a step that would pass the budget.
+    """
+
     out_dir: str
     steps: int
     lr: float = 1e-4
-    warmup_steps: int = 0
+    warmup_steps: int = 0  # of ``steps``; a time plan scales it with the planned steps
     weight_decay: float = 0.01
     optimizer: str = "adamw"  # or "lamb"
     betas: tuple[float, float] = (0.9, 0.999)
@@ -70,7 +111,7 @@ class TrainConfig:
     save_every: int = 0  # 0 = only at the end (and on SIGINT/SIGTERM)
     device: str = "cpu"
     compile: bool = False  # torch.compile the model (dynamic shapes)
-    max_seconds: float | None = None  # stop (evaluate, save) once training has run this long
+    max_seconds: float | None = None  # a training-time budget, planned (see the docstring)
     checkpoints: bool = True  # False: no checkpoint.pt at all (a run that will not resume)
 
     def __post_init__(self) -> None:
@@ -85,6 +126,8 @@ class TrainConfig:
             raise ValueError(f"precision {self.precision!r} is not 'float32' or 'bfloat16'")
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.max_seconds is not None and not self.max_seconds > 0:
+            raise ValueError(f"max_seconds must be > 0, got {self.max_seconds}")
 
 
 # ============================================================================ optimisation
@@ -165,7 +208,309 @@ def load_checkpoint(path: Path) -> dict[str, Any] | None:
     return None
 
 
+# ============================================================================ the time plan
+SKIPPED_STEPS = 1  # the first step of a process pays one-off costs (allocation, kernels, state)
+TIMED_STEPS = 3  # the steps after it that the plan's step time is measured on
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How many steps a time budget holds, fixed once and kept in the checkpoint.
+
+    After ``SKIPPED_STEPS + TIMED_STEPS`` steps the loop takes the mean time of the timed ones
+    (``seconds_per_step``, averaged over ranks so every rank plans alike) and fits the rest of
+    the budget: ``steps`` = the steps done + the whole steps the remaining seconds hold, never
+    more than ``TrainConfig.steps``. From then on the schedule warms up over ``warmup`` steps
+    (``TrainConfig.warmup_steps`` scaled by steps / ``TrainConfig.steps``) and decays to 0 at
+    ``steps``; the few steps before the plan ran on the unplanned schedule's first values. A
+    resumed run keeps the plan, so it takes the very steps of an unbroken one.
+    """
+
+    steps: int
+    warmup: int
+    seconds_per_step: float
+
+    @classmethod
+    def fit(cls, config: TrainConfig, done: int, elapsed: float, per_step: float) -> Plan:
+        left = max(0.0, config.max_seconds - elapsed) if config.max_seconds else math.inf
+        fits = math.floor(left / per_step) if per_step > 0 else config.steps
+        steps = max(done, min(config.steps, done + fits))
+        warmup = round(config.warmup_steps * steps / config.steps)
+        return cls(steps, warmup, per_step)
+
+
 # ============================================================================ the loop
+class _Forward(nn.Module):
+    """What DistributedDataParallel wraps: the task's whole forward pass, loss included, so that
+    a task may call the model's parts (encoder, heads) and DDP still sees the one forward call
+    its gradient exchange is keyed on. Holds the model; the checkpoint saves the model alone."""
+
+    def __init__(self, model: nn.Module, task: Task):
+        super().__init__()
+        self.model = model
+        self.task = task
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, Any]]:
+        return self.task(self.model, batch)
+
+
+def _optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
+    groups = param_groups(model, config.weight_decay)
+    if config.optimizer == "lamb":
+        return Lamb(groups, lr=config.lr, betas=config.betas, eps=config.eps)
+    # The fused kernel updates all parameters in one pass: on CPU about 5x faster than the
+    # default per-tensor loop, which for a small model is a fifth of a fine-tuning step.
+    fused = torch.device(config.device).type in ("cpu", "cuda")
+    return torch.optim.AdamW(groups, lr=config.lr, betas=config.betas, eps=config.eps, fused=fused)
+
+
+class Run:
+    """One call of ``train``: the model, its optimiser, and where the run stands (steps done,
+    time plan, training seconds). ``train`` calls its steps in order; each is one method."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        task: Task,
+        data: Callable[[int, int], dict[str, torch.Tensor]],
+        config: TrainConfig,
+        resume: bool = False,
+        evaluate: Callable[[nn.Module, int], dict[str, float]] | None = None,
+        eval_every: int = 0,
+    ):
+        self.config, self.data = config, data
+        self.evaluate_fn, self.eval_every = evaluate, eval_every
+        self.rank, self.world_size = world()
+        self.main = self.rank == 0
+        self.out = Path(config.out_dir)
+        self.checkpoint_path = self.out / CHECKPOINT
+        if self.main:
+            self.out.mkdir(parents=True, exist_ok=True)
+        torch.manual_seed(config.seed + self.rank)
+        random.seed(config.seed + self.rank)
+        self.model = model.to(config.device).train()
+        self.optimizer = _optimizer(model, config)
+        self.done = 0  # optimizer steps done
+        self.plan: Plan | None = None
+        self.saved: int | None = None  # the step of the last checkpoint
+        self.seconds_before = 0.0  # training seconds of the runs this one continues
+        self.eval_seconds = 0.0
+        self.tokens = 0  # real (unpadded) tokens this process's run has trained on
+        self.ends: list[float] = []  # training seconds at the end of each step of this process
+        self.signum = 0  # a signal asked the run to stop
+        self.late = False  # the next step would pass the time budget
+        if resume:
+            self.restore()
+        if config.max_seconds is not None and self.seconds_before >= config.max_seconds:
+            self.late = True  # a resumed run whose budget is already spent
+        # Wrapped after restore: DDP broadcasts rank 0's weights when it is built.
+        self.ddp: nn.parallel.DistributedDataParallel | None = None
+        self.forward: nn.Module = _Forward(self.model, task)
+        if self.world_size > 1:
+            cuda = config.device.startswith("cuda")
+            self.ddp = self.forward = nn.parallel.DistributedDataParallel(
+                self.forward, device_ids=[torch.device(config.device).index] if cuda else None
+            )
+        if config.compile:
+            self.forward = torch.compile(self.forward, dynamic=True)  # type: ignore[assignment]
+        self.started = clock()
+
+    # ------------------------------------------------------------------ where the run stands
+    @property
+    def total(self) -> int:
+        """The steps this run ends at: the time plan's, else ``TrainConfig.steps``."""
+        return self.plan.steps if self.plan else self.config.steps
+
+    def lr(self, step: int) -> float:
+        """The learning rate of optimizer step ``step`` (0-based) under the schedule in force."""
+        c = self.config
+        warmup, total = (
+            (self.plan.warmup, self.plan.steps) if self.plan else (c.warmup_steps, c.steps)
+        )
+        return c.lr * linear_schedule(warmup, total)(step)
+
+    def seconds(self) -> float:
+        """Training seconds so far, over this run and the ones it continues; no evaluation."""
+        return self.seconds_before + clock() - self.started - self.eval_seconds
+
+    # ------------------------------------------------------------------ the steps
+    def restore(self) -> None:
+        """Continue from the newest readable checkpoint: weights, optimiser, RNG, step, plan."""
+        state = load_checkpoint(self.checkpoint_path)
+        if state is None:
+            raise FileNotFoundError(f"--resume: no readable checkpoint in {self.out}")
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        ranks = state.get("rng_ranks", [state["rng"]])
+        if len(ranks) != self.world_size and self.main:
+            logger.warning(
+                "the checkpoint holds the random states of %d processes, this run "
+                "has %d: dropout draws will differ from an unbroken run",
+                len(ranks),
+                self.world_size,
+            )
+        set_rng_state(ranks[self.rank] if len(ranks) == self.world_size else ranks[0])
+        self.done = self.saved = state["step"]
+        self.plan = Plan(**state["plan"]) if state.get("plan") else None
+        self.seconds_before = float(state.get("train_seconds", 0.0))
+        if self.main:
+            logger.warning("resuming %s at step %d", self.out, self.done)
+
+    def step(self) -> dict[str, float]:
+        """One optimizer step: its micro-batches forward and backward (gradients exchanged
+        after the last), the metrics summed over ranks and checked, clipping, the update at
+        this step's learning rate; then the time plan. Returns the step's metrics."""
+        c, step = self.config, self.done
+        sums: dict[str, float] = {}
+        tokens = 0
+        for micro in range(c.grad_accum):
+            batch = {k: v.to(c.device) for k, v in self.data(step, micro).items()}
+            last = micro == c.grad_accum - 1
+            with self.ddp.no_sync() if self.ddp is not None and not last else nullcontext():
+                device, low = c.device.split(":")[0], c.precision == "bfloat16"
+                with torch.autocast(device, dtype=torch.bfloat16, enabled=low):
+                    loss, m = self.forward(batch)
+                (loss / c.grad_accum).backward()
+            for k, v in m.items():
+                sums[k] = sums.get(k, 0.0) + float(v) / c.grad_accum
+            if "attention_mask" in batch:
+                tokens += int(batch["attention_mask"].sum())
+        # Metrics are per-rank shares: their sums are the global values. The token count and
+        # the stop request travel in the same message, so that every rank stops at one step.
+        keys = sorted(sums)
+        *values, tokens, asked = sum_over_ranks(
+            [sums[k] for k in keys] + [tokens, float(self.signum)]
+        )
+        sums = dict(zip(keys, values, strict=True))
+        if not all(math.isfinite(v) for v in sums.values()):
+            good = f"{self.checkpoint_path} (step {self.saved})" if self.saved is not None else None
+            raise FloatingPointError(
+                f"loss is not finite at step {step + 1} ({sums}); the run stops here. "
+                f"Last good checkpoint: {good or 'none yet'}"
+            )
+        if c.max_grad_norm:
+            nn.utils.clip_grad_norm_(self.model.parameters(), c.max_grad_norm)
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr(step)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.done = step + 1
+        self.tokens += int(tokens)
+        self.signum = self.signum or (int(signal.SIGINT) if asked else 0)
+        self.time_plan()
+        # "lr" is the rate after this step, as a scheduler reports it: 0 once the run is over.
+        return {"step": self.done, "lr": self.lr(self.done), **sums}
+
+    def time_plan(self) -> None:
+        """After a step, with a time budget: fix the plan once enough steps are timed, and
+        decide (the same on every rank) whether the next step still fits in the budget."""
+        c = self.config
+        self.ends.append(self.seconds())
+        if c.max_seconds is None:
+            return
+        timed = self.ends[SKIPPED_STEPS - 1 :] if len(self.ends) > SKIPPED_STEPS else self.ends
+        if len(timed) > 1:  # the mean step after the first of this process
+            per_step = (timed[-1] - timed[0]) / (len(timed) - 1)
+        else:  # one step so far: its time, one-off costs included (an overestimate)
+            per_step = self.ends[0] - self.seconds_before
+        late, per_step = sum_over_ranks([float(self.ends[-1] + per_step > c.max_seconds), per_step])
+        per_step /= self.world_size
+        self.late = late > 0
+        if self.plan is None and len(self.ends) == SKIPPED_STEPS + TIMED_STEPS:
+            self.plan = Plan.fit(c, self.done, self.ends[-1], per_step)
+            if self.main:
+                logger.warning(
+                    "time budget %gs: %d of %d steps fit (%.3gs a step); warm-up %d steps, "
+                    "the learning rate decays to 0 at step %d",
+                    c.max_seconds,
+                    self.plan.steps,
+                    c.steps,
+                    per_step,
+                    self.plan.warmup,
+                    self.plan.steps,
+                )
+
+    def evaluate(self, metrics: dict[str, float]) -> None:
+        """Held-out metrics (``eval_*``) every ``eval_every`` steps and at the end, on the
+        unwrapped model in eval mode; their time is not training time."""
+        due = self.done % self.eval_every == 0 if self.eval_every else False
+        if self.evaluate_fn is None or not self.eval_every:
+            return
+        if not (due or self.done == self.total or self.late):
+            return
+        t0 = clock()
+        self.model.eval()
+        with torch.no_grad():
+            result = self.evaluate_fn(self.model, self.done)
+        self.model.train()
+        metrics.update({f"eval_{k}": v for k, v in result.items()})
+        self.eval_seconds += clock() - t0
+
+    def log(self, metrics: dict[str, float], file: Any, progress: Progress | None) -> None:
+        """Throughput, time and plan into the metrics; one JSON line; the progress line."""
+        elapsed = self.seconds()
+        run_seconds = elapsed - self.seconds_before
+        metrics["tokens_per_s"] = self.tokens / run_seconds if run_seconds > 0 else 0.0
+        metrics["train_seconds"] = elapsed
+        metrics["planned_steps"] = self.total
+        if file is not None:
+            file.write(json.dumps(metrics) + "\n")
+            file.flush()
+        if progress is not None and (
+            self.done % self.config.log_every == 0 or self.done == self.total
+        ):
+            steps = len(self.ends)
+            rate = steps / run_seconds if run_seconds > 0 else 0.0
+            eta = (self.total - self.done) / rate if rate > 0 else 0.0
+            shown = " ".join(
+                f"{k} {v:.4f}" for k, v in metrics.items() if k not in ("step", "planned_steps")
+            )
+            progress.update(f"step {self.done}/{self.total} {shown} eta {eta:,.0f}s")
+
+    def checkpoint(self) -> Path | None:
+        """Save everything a resume needs, atomically (rank 0 writes; every rank's random
+        state goes in, so that dropout resumes exactly). None when the run keeps none."""
+        if not self.config.checkpoints:
+            return None
+        self.saved = self.done
+        ranks = [rng_state()]
+        if self.world_size > 1:
+            ranks = [None] * self.world_size
+            torch.distributed.all_gather_object(ranks, rng_state())
+        if self.main:
+            save_checkpoint(
+                self.checkpoint_path,
+                {
+                    "model": self.model.state_dict(),
+                    "optimizer": self.optimizer.state_dict(),
+                    "rng": ranks[0],
+                    "rng_ranks": ranks,
+                    "step": self.done,
+                    "plan": asdict(self.plan) if self.plan else None,
+                    "train_seconds": self.seconds(),
+                    "config": asdict(self.config),
+                },
+            )
+        return self.checkpoint_path
+
+    @contextmanager
+    def signals(self) -> Iterator[None]:
+        """SIGINT and SIGTERM ask the run to stop after the current step (handlers can only be
+        installed from the main thread; elsewhere signals keep their handlers)."""
+
+        def on_signal(signum: int, _frame: Any) -> None:
+            self.signum = signum
+
+        previous = {}
+        if threading.current_thread() is threading.main_thread():
+            previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+
 def train(
     model: nn.Module,
     task: Task,
@@ -175,208 +520,45 @@ def train(
     evaluate: Callable[[nn.Module, int], dict[str, float]] | None = None,
     eval_every: int = 0,
 ) -> dict[str, float]:
-    """Train ``model`` for ``config.steps`` optimizer steps; returns the last metrics.
+    """Train ``model`` for ``config.steps`` optimizer steps (or the steps a time budget
+    plans); returns the last step's metrics (``step``, ``planned_steps``, ``lr``, the task's
+    metrics, ``eval_*``, ``tokens_per_s``, ``train_seconds``; ``stopped_by_time`` when the
+    budget cut the run before its plan).
 
     ``data(step, micro)`` -> batch dict (this rank's rows); ``task(model, batch)`` -> (loss,
-    metrics). ``evaluate(model, step)`` runs every ``eval_every`` steps on every rank, on the
-    unwrapped model in eval mode. Rank 0 writes ``metrics.jsonl`` and ``checkpoint.pt`` in
-    ``config.out_dir``. The data position is the step: ``data`` is a function of it.
+    metrics). ``evaluate(model, step)`` runs every ``eval_every`` steps and at the end on every
+    rank, on the unwrapped model in eval mode. Rank 0 writes ``metrics.jsonl`` and
+    ``checkpoint.pt`` in ``config.out_dir``. The data position is the step: ``data`` is a
+    function of it. Raises ``TrainingInterrupted`` after saving when SIGINT/SIGTERM arrives.
     """
-    rank, world_size = world()
-    main = rank == 0
-    out = Path(config.out_dir)
-    if main:
-        out.mkdir(parents=True, exist_ok=True)
-    ckpt_path = out / CHECKPOINT
-    torch.manual_seed(config.seed + rank)
-    random.seed(config.seed + rank)
-    model.to(config.device).train()
-    groups = param_groups(model, config.weight_decay)
-    if config.optimizer == "lamb":
-        opt = Lamb(groups, lr=config.lr, betas=config.betas, eps=config.eps)
-    else:
-        # The fused kernel updates all parameters in one pass: on CPU about 5x faster than the
-        # default per-tensor loop, which for a small model is a fifth of a fine-tuning step.
-        fused = torch.device(config.device).type in ("cpu", "cuda")
-        opt = torch.optim.AdamW(
-            groups, lr=config.lr, betas=config.betas, eps=config.eps, fused=fused
-        )
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, linear_schedule(config.warmup_steps, config.steps)
-    )
-    start = 0
-    if resume:
-        state = load_checkpoint(ckpt_path)
-        if state is None:
-            raise FileNotFoundError(f"--resume: no readable checkpoint in {out}")
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
-        ranks = state.get("rng_ranks", [state["rng"]])
-        if len(ranks) != world_size and main:
-            logger.warning(
-                "the checkpoint holds the random states of %d processes, this run "
-                "has %d: dropout draws will differ from an unbroken run",
-                len(ranks),
-                world_size,
-            )
-        set_rng_state(ranks[rank] if len(ranks) == world_size else ranks[0])
-        start = state["step"]
-        if main:
-            logger.warning("resuming %s at step %d", out, start)
-
-    ddp = None
-    net: nn.Module = model
-    if world_size > 1:
-        cuda = config.device.startswith("cuda")
-        ddp = net = nn.parallel.DistributedDataParallel(
-            model, device_ids=[torch.device(config.device).index] if cuda else None
-        )
-    if config.compile:
-        net = torch.compile(net, dynamic=True)  # type: ignore[assignment]
-
-    saved = start if resume else None
-
-    def snapshot(step: int) -> None:
-        nonlocal saved
-        if not config.checkpoints:
-            return
-        saved = step
-        ranks = [rng_state()]
-        if world_size > 1:  # every rank's random state, so that dropout resumes exactly
-            ranks = [None] * world_size
-            torch.distributed.all_gather_object(ranks, rng_state())
-        if main:
-            save_checkpoint(
-                ckpt_path,
-                {
-                    "model": model.state_dict(),
-                    "optimizer": opt.state_dict(),
-                    "scheduler": sched.state_dict(),
-                    "rng": ranks[0],
-                    "rng_ranks": ranks,
-                    "step": step,
-                    "config": asdict(config),
-                },
-            )
-
-    stop = {"signal": 0}
-
-    def on_signal(signum, _frame) -> None:
-        stop["signal"] = signum  # finish the current step, save, then leave
-
-    previous = {}
-    if threading.current_thread() is threading.main_thread():  # handlers live in the main thread
-        previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    run = Run(model, task, data, config, resume, evaluate, eval_every)
     metrics: dict[str, float] = {}
-    dtype = torch.bfloat16 if config.precision == "bfloat16" else torch.float32
-    started = time.perf_counter()
-    total_tokens, eval_seconds = 0, 0.0
-    log = open(out / "metrics.jsonl", "a" if resume else "w") if main else None  # noqa: SIM115
+    progress = Progress() if run.main else None
+    file = open(run.out / "metrics.jsonl", "a" if resume else "w") if run.main else None  # noqa: SIM115
     try:
-        for step in range(start, config.steps):
-            sums: dict[str, float] = {}
-            tokens = 0
-            for micro in range(config.grad_accum):
-                batch = {k: v.to(config.device) for k, v in data(step, micro).items()}
-                last = micro == config.grad_accum - 1
-                # Gradients are exchanged once per step, after the last micro-batch.
-                with ddp.no_sync() if ddp is not None and not last else nullcontext():
-                    with torch.autocast(
-                        config.device.split(":")[0], dtype=dtype, enabled=dtype != torch.float32
-                    ):
-                        loss, m = task(net, batch)
-                    (loss / config.grad_accum).backward()
-                for k, v in m.items():
-                    sums[k] = sums.get(k, 0.0) + float(v) / config.grad_accum
-                if "attention_mask" in batch:
-                    tokens += int(batch["attention_mask"].sum())
-            # A time budget ends the run after this step, as if it were the last one.
-            late = config.max_seconds is not None and (
-                time.perf_counter() - started - eval_seconds > config.max_seconds
-            )
-            # Metrics are per-rank shares: their sums are the global values. The token count,
-            # the stop request and the time budget travel in the same message, so that every
-            # rank stops at the same step.
-            keys = sorted(sums)
-            *values, tokens, asked, out_of_time = sum_over_ranks(
-                [sums[k] for k in keys] + [tokens, float(stop["signal"]), float(late)]
-            )
-            sums = dict(zip(keys, values, strict=True))
-            if not all(math.isfinite(v) for v in sums.values()):
-                good = f"{ckpt_path} (step {saved})" if saved is not None else "none yet"
-                raise FloatingPointError(
-                    f"loss is not finite at step {step + 1} ({sums}); the run stops here. "
-                    f"Last good checkpoint: {good}"
-                )
-            if config.max_grad_norm:
-                nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
-            opt.step()
-            sched.step()
-            opt.zero_grad(set_to_none=True)
-            done = step + 1
-            metrics = {"step": done, "lr": sched.get_last_lr()[0], **sums}
-            if (
-                evaluate is not None
-                and eval_every
-                and (done % eval_every == 0 or out_of_time or done == config.steps)
-            ):
-                t0 = time.perf_counter()
-                model.eval()
-                with torch.no_grad():
-                    metrics.update({f"eval_{k}": v for k, v in evaluate(model, done).items()})
-                model.train()
-                eval_seconds += time.perf_counter() - t0
-            elapsed = time.perf_counter() - started - eval_seconds  # training time only
-            total_tokens += int(tokens)
-            metrics["tokens_per_s"] = total_tokens / elapsed if elapsed > 0 else 0.0
-            metrics["train_seconds"] = elapsed
-            if log is not None:
-                log.write(json.dumps(metrics) + "\n")
-                log.flush()
-            if main and (done % config.log_every == 0 or done == config.steps):
-                _progress(done, config.steps, start, elapsed, sums, metrics["tokens_per_s"])
-            if (config.save_every and done % config.save_every == 0) or asked:
-                snapshot(done)
-            if asked:
-                if main:
-                    logger.warning("stopped by a signal: saved step %d in %s", done, out)
-                stop["signal"] = -1  # the caller can tell a stopped run by metrics["step"]
-                break
-            if out_of_time:
-                if main:
-                    logger.warning(
-                        "time budget of %ss spent at step %d of %d",
-                        config.max_seconds,
-                        done,
-                        config.steps,
-                    )
+        with run.signals():
+            while run.done < run.total and not run.late:
+                metrics = run.step()
+                run.evaluate(metrics)
+                run.log(metrics, file, progress)
+                if run.signum:
+                    saved = run.checkpoint()
+                    raise TrainingInterrupted(run.done, saved, run.signum)
+                if config.save_every and run.done % config.save_every == 0:
+                    run.checkpoint()
+            if run.done < run.total:  # the budget ran out before the plan's end
                 metrics["stopped_by_time"] = 1.0
-                snapshot(done)
-                stop["signal"] = -1
-                break
-        if not stop["signal"]:
-            snapshot(config.steps)
+                if run.main:
+                    logger.warning(
+                        "time budget of %gs spent at step %d of %d",
+                        config.max_seconds,
+                        run.done,
+                        run.total,
+                    )
+            run.checkpoint()
     finally:
-        if log is not None:
-            log.close()
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        if file is not None:
+            file.close()
+        if progress is not None:
+            progress.close()
     return metrics
-
-
-def _progress(done: int, total: int, start: int, elapsed: float, m: dict, rate_tok: float) -> None:
-    rate = (done - start) / elapsed if elapsed > 0 else 0.0
-    eta = (total - done) / rate if rate > 0 else 0.0
-    width = 24
-    bar = "#" * int(width * done / total) + "." * (width - int(width * done / total))
-    shown = " ".join(f"{k} {v:.4f}" for k, v in m.items())
-    tok = f" {rate_tok:,.0f} tok/s" if rate_tok else ""
-    print(
-        f"\r[{bar}] {done}/{total} {shown}{tok} eta {eta:,.0f}s",
-        end="",
-        file=sys.stderr,
-        flush=True,
-    )
-    if done == total:
-        print(file=sys.stderr)

@@ -32,7 +32,7 @@ from bertlab.data.stream import Phases, evaluation_batches
 from bertlab.distributed import world
 from bertlab.nn.config import resolve_source
 from bertlab.nn.heads import BertForMaskedLM, BertForPreTraining
-from bertlab.tasks.pretraining import PretrainingObjective, evaluate
+from bertlab.tasks.pretraining import PretrainingObjective
 from bertlab.train.loop import CHECKPOINT, TrainConfig, train
 
 logger = logging.getLogger("bertlab")
@@ -193,6 +193,7 @@ def pretrain(config: PretrainConfig, resume: bool = False, overwrite: bool = Fal
     settings["train"]["betas"] = list(settings["train"]["betas"])
     _check_run_folder(out, settings, resume, overwrite)
 
+    objective = PretrainingObjective(world_size)
     eval_fn, eval_every = None, 0
     if config.eval_data:
         seq_len = int(metas["eval_data"]["max_seq_length"])
@@ -207,8 +208,8 @@ def pretrain(config: PretrainConfig, resume: bool = False, overwrite: bool = Fal
         )
         eval_every = config.eval_every or max(1, tc.steps // 10)
 
-        def eval_fn(objective: nn.Module, step: int) -> dict[str, float]:
-            return evaluate(objective, batches, tc.device)  # type: ignore[arg-type]
+        def eval_fn(model: nn.Module, step: int) -> dict[str, float]:
+            return objective.evaluate(model, batches, tc.device)
 
     if world_size > 1:  # every rank has checked the folder before rank 0 writes in it
         torch.distributed.barrier()
@@ -222,7 +223,6 @@ def pretrain(config: PretrainConfig, resume: bool = False, overwrite: bool = Fal
     if world_size > 1:
         torch.distributed.barrier()
 
-    objective = PretrainingObjective(model, world_size)
     logger.info(
         "pre-training %s: %d steps in %d phase(s), batch %d, %d process(es)",
         config.model,
@@ -231,16 +231,12 @@ def pretrain(config: PretrainConfig, resume: bool = False, overwrite: bool = Fal
         config.batch_size,
         world_size,
     )
+    # A signal raises TrainingInterrupted out of here, after the loop saved its checkpoint:
+    # the model folder is written only by a run that reached its end (its steps, or its plan).
     metrics = train(
-        objective,
-        lambda net, batch: net(**batch),
-        data,
-        tc,
-        resume=resume,
-        evaluate=eval_fn,
-        eval_every=eval_every,
+        model, objective, data, tc, resume=resume, evaluate=eval_fn, eval_every=eval_every
     )
-    if rank == 0 and metrics.get("step") == tc.steps:
+    if rank == 0:
         model.save_pretrained(out / "model")
         tokenizer.save_pretrained(out / "model")
     return metrics
