@@ -1,14 +1,26 @@
 """The training loop: exact resume, atomic checkpoints, damaged-checkpoint fallback, schedule,
-no decay on biases/LayerNorm, LAMB, accumulation, and a non-finite loss stopping the run."""
+no decay on biases/LayerNorm, LAMB, accumulation, a non-finite loss stopping the run, the time
+budget's plan, interruption; and the one pre-training loss of the head and the objective."""
 
 import json
 import logging
+import os
+import signal
 
 import pytest
 import torch
 
 from bertlab import BertConfig, BertForPreTraining
-from bertlab.train.loop import TrainConfig, linear_schedule, param_groups, train
+from bertlab.nn.losses import IGNORE_INDEX, pretraining_loss
+from bertlab.tasks.pretraining import PretrainingObjective
+from bertlab.train import loop
+from bertlab.train.loop import (
+    TrainConfig,
+    TrainingInterrupted,
+    linear_schedule,
+    param_groups,
+    train,
+)
 
 CFG = BertConfig(
     vocab_size=60,
@@ -141,3 +153,128 @@ def test_accumulation_and_lamb_train(tmp_path):
 def test_bad_config_is_named(field, value, tmp_path):
     with pytest.raises(ValueError, match=field):
         TrainConfig(**{"out_dir": str(tmp_path), "steps": 5, field: value})
+
+
+# ============================================================================ one loss
+def test_the_head_and_the_pretraining_objective_give_one_loss_on_one_process():
+    m = model().eval()
+    batch = data(0, 0) | {"token_type_ids": torch.zeros(4, 16, dtype=torch.long)}
+    counted = batch | {
+        "mlm_count": (batch["labels"] != IGNORE_INDEX).sum().reshape(1),
+        "nsp_count": torch.tensor([4]),
+    }
+    loss, parts = PretrainingObjective()(m, counted)
+    gathered = m(**batch, return_logits=False).loss  # only the labelled positions scored
+    every = m(**batch).loss  # every position scored, the unlabelled ones ignored
+    assert torch.allclose(loss, gathered, atol=1e-6) and torch.allclose(loss, every, atol=1e-6)
+    assert float(parts["loss"]) == pytest.approx(float(loss.detach()), abs=1e-7)
+
+
+def test_pretraining_loss_is_the_mean_by_default_and_a_share_with_a_global_count():
+    g = torch.Generator().manual_seed(0)
+    logits, nsp_logits = torch.randn(12, 7, generator=g), torch.randn(3, 2, generator=g)
+    labels = torch.tensor([1, -100, 3, 4, -100, 6, 0, 2, -100, -100, 5, 1])
+    nsp_labels = torch.tensor([0, 1, 1])
+    loss, parts = pretraining_loss(logits, labels, nsp_logits, nsp_labels)
+    mlm = torch.nn.functional.cross_entropy(logits, labels)  # torch's mean, -100 ignored
+    nsp = torch.nn.functional.cross_entropy(nsp_logits, nsp_labels)
+    assert torch.allclose(loss, mlm + nsp) and torch.allclose(parts["mlm_loss"], mlm)
+    # Two processes, each holding half the labelled positions: their shares add up to the mean.
+    halves = [
+        pretraining_loss(logits[s], labels[s], mlm_count=8)[0] for s in (slice(0, 6), slice(6, 12))
+    ]
+    assert torch.allclose(sum(halves), mlm)
+    with pytest.raises(ValueError, match="nsp_logits were given without nsp_labels"):
+        pretraining_loss(logits, labels, nsp_logits)
+
+
+# ============================================================================ the time plan
+class FakeClock:
+    """A clock that only the task moves: one second a forward pass, so step times are exact
+    and the plan does not depend on the machine."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def slow_task(clock: FakeClock, interrupt_at: int | None = None):
+    calls = {"n": 0}
+
+    def run(m, batch):
+        clock.now += 1.0
+        if calls["n"] == interrupt_at:
+            os.kill(os.getpid(), signal.SIGINT)  # the loop finishes this step, saves, stops
+        calls["n"] += 1
+        return task(m, batch)
+
+    return run
+
+
+def test_a_time_budget_plans_the_steps_and_decays_the_rate_to_zero_at_its_end(
+    tmp_path, monkeypatch
+):
+    clock = FakeClock()
+    monkeypatch.setattr(loop, "clock", clock)
+    cfg = TrainConfig(out_dir=str(tmp_path), steps=100, warmup_steps=10, lr=1e-3, max_seconds=10.5)
+    last = train(model(), slow_task(clock), data, cfg)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    # The plan comes after 1 skipped + 3 timed steps of 1 s: 4 s spent, 6 more steps fit.
+    plan = torch.load(tmp_path / "checkpoint.pt", weights_only=True)["plan"]
+    assert plan == {"steps": 10, "warmup": 1, "seconds_per_step": 1.0}  # warm-up 10 * 10/100
+    assert last["step"] == last["planned_steps"] == len(rows) == 10 < cfg.steps
+    assert [r["planned_steps"] for r in rows] == [100] * 3 + [10] * 7
+    assert "stopped_by_time" not in last and rows[-1]["train_seconds"] <= cfg.max_seconds
+    # From the plan on, the logged rate (the one after each step) follows the planned schedule.
+    planned = linear_schedule(1, 10)
+    assert [r["lr"] for r in rows[3:]] == pytest.approx([1e-3 * planned(s) for s in range(4, 11)])
+    assert rows[-1]["lr"] == 0.0
+
+
+def test_a_resumed_budget_run_keeps_its_plan_and_equals_the_unbroken_one(tmp_path, monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(loop, "clock", clock)
+
+    def config(out):
+        return TrainConfig(out_dir=str(out), steps=100, warmup_steps=10, lr=1e-3, max_seconds=10.5)
+
+    train(model(), slow_task(clock), data, config(tmp_path / "full"))
+    part = tmp_path / "part"
+    with pytest.raises(TrainingInterrupted) as stop:
+        train(model(), slow_task(clock, interrupt_at=6), data, config(part))
+    assert stop.value.step == 7 and stop.value.checkpoint == part / "checkpoint.pt"
+    assert torch.load(stop.value.checkpoint, weights_only=True)["plan"]["steps"] == 10
+    train(model(), slow_task(clock), data, config(part), resume=True)
+    full, parted = (rows(tmp_path / "full"), rows(part))
+    assert [r["step"] for r in parted] == list(range(1, 11))
+    for key in ("loss", "lr", "planned_steps", "train_seconds"):
+        assert [r[key] for r in parted] == [r[key] for r in full], key
+
+
+def rows(path):
+    return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_budget_config_is_checked():
+    with pytest.raises(ValueError, match="max_seconds must be > 0, got 0"):
+        TrainConfig(out_dir="x", steps=5, max_seconds=0)
+
+
+# ============================================================================ interruption
+def test_a_signal_saves_the_step_then_raises_training_interrupted(tmp_path):
+    def interrupting(m, batch):
+        if batch["input_ids"].sum() == data(1, 0)["input_ids"].sum():  # during step 2
+            os.kill(os.getpid(), signal.SIGTERM)
+        return task(m, batch)
+
+    cfg = TrainConfig(out_dir=str(tmp_path), steps=5, lr=1e-3)
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(TrainingInterrupted) as stop:
+        train(model(), interrupting, data, cfg)
+    assert isinstance(stop.value, KeyboardInterrupt)
+    assert (stop.value.step, stop.value.signum) == (2, signal.SIGTERM)
+    assert torch.load(tmp_path / "checkpoint.pt", weights_only=True)["step"] == 2
+    assert "interrupted at step 2" in str(stop.value)
+    assert signal.getsignal(signal.SIGTERM) is before  # the loop's handler is gone
