@@ -264,6 +264,29 @@ def test_stopped_and_resumed_run_gives_the_same_losses(corpora, tmp_path, monkey
     assert (broken / "model" / "model.safetensors").exists()
 
 
+def test_interrupted_pretrain_command_says_how_to_continue_and_exits_130(
+    corpora, tmp_path, monkeypatch, capsys
+):
+    call = Phases.__call__
+
+    def interrupt_at_step_2(self, step, micro):
+        if step == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+        return call(self, step, micro)
+
+    monkeypatch.setattr(Phases, "__call__", interrupt_at_step_2)
+    run = tmp_path / "run"
+    args = ["pretrain", "--data", str(corpora["short"]), "--model", str(corpora["config"])]
+    args += ["--steps", "4", "--batch-size", "4", "--log-every", "100", "-o", str(run)]
+    assert main(args) == 130
+    err = capsys.readouterr().err
+    assert f"interrupted at step 2; checkpoint saved in {run}; continue with: bertlab " in err
+    assert "--resume" in err and (run / "checkpoint.pt").exists()
+    monkeypatch.setattr(Phases, "__call__", call)
+    assert main([*args, "--resume"]) == 0
+    assert [r["step"] for r in _losses(run)] == [1, 2, 3, 4]
+
+
 def test_two_processes_give_the_loss_curve_of_one(corpora, tmp_path):
     """torchrun with 2 gloo processes against 1 process, at the same global batch of 8."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
