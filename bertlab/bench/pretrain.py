@@ -2,18 +2,27 @@
 
 Both sides start from identical weights (bertlab's initialisation, saved and loaded into
 transformers' ``BertForPreTraining``), train on the same examples in the same order with the
-same optimiser (AdamW, no decay on biases and LayerNorm, linear warm-up and decay, clipping at
-1.0), steps and seed, and are evaluated on the same held-out batches. Each side masks the way it
-does by default: bertlab with its dynamic 80/10/10 recipe (a count of 15% per sequence),
-transformers with ``DataCollatorForLanguageModeling`` (each token chosen with probability 0.15).
-The two runs alternate in segments of steps in one process, so that the machine's noise falls
-on both; the wall time of each side counts its training steps only.
+same optimiser settings (AdamW, no decay on biases and LayerNorm, linear warm-up and decay,
+clipping at 1.0), steps and seed, and are evaluated on the same held-out batches. bertlab's side
+is what ``bertlab pretrain`` runs: the shipped loop (``bertlab.train.loop.train``, fused AdamW,
+bfloat16 autocast when asked) with the pre-training objective; transformers' side is a plain
+loop (``torch.optim.AdamW``, a LambdaLR schedule). Each side masks the way it does by default:
+bertlab with its dynamic 80/10/10 recipe (a count of 15% per sequence), transformers with
+``DataCollatorForLanguageModeling`` (each token chosen with probability 0.15).
+
+The two runs take turns in segments of steps in one process, so that the machine's noise falls
+on both: transformers runs its segment inside the shipped loop's evaluation hook, which the loop
+keeps out of bertlab's training time. The wall time of each side counts its training steps
+only (batches, forward, backward, update).
 """
 
 from __future__ import annotations
 
+import json
+import math
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +35,10 @@ from bertlab.data.stream import Phases, evaluation_batches
 from bertlab.nn.config import BertConfig
 from bertlab.nn.heads import BertForPreTraining
 from bertlab.nn.losses import IGNORE_INDEX
-from bertlab.tasks.pretraining import PretrainingObjective, evaluate
+from bertlab.progress import Progress
+from bertlab.tasks.pretraining import PretrainingObjective
 from bertlab.tokenizer import BertTokenizer
-from bertlab.train.loop import linear_schedule, param_groups
+from bertlab.train.loop import TrainConfig, linear_schedule, param_groups, train
 
 
 def _optimizer(model: torch.nn.Module, lr: float, warmup: int, steps: int):
@@ -37,7 +47,7 @@ def _optimizer(model: torch.nn.Module, lr: float, warmup: int, steps: int):
 
 
 def _evaluate_hf(model, batches: list[dict[str, torch.Tensor]]) -> dict[str, float]:
-    """The held-out metrics of ``bertlab.train.pretrain.evaluate``, from transformers' logits."""
+    """The held-out metrics of ``PretrainingObjective.evaluate``, from transformers' logits."""
     sums = dict.fromkeys(("mlm_loss", "mlm_acc", "nsp_loss", "nsp_acc"), 0.0)
     n_mlm = n_nsp = 0.0
     model.eval()
@@ -78,22 +88,40 @@ def bench_pretrain(
     eval_every: int = 100,
     eval_examples: int = 512,
     progress: bool = True,
+    precision: str = "float32",
 ) -> dict[str, Any]:
+    """Both sides' runs -> the report (settings, seconds, tokens/s, speed-up, held-out metrics
+    over the run, training losses). ``precision="bfloat16"``: both sides under autocast."""
     from transformers import BertForPreTraining as HFBertForPreTraining
     from transformers import BertTokenizerFast, DataCollatorForLanguageModeling
 
+    for name, value in (("steps", steps), ("segment", segment), ("eval_every", eval_every)):
+        if value < 1:
+            raise ValueError(f"bench pretrain: {name} must be >= 1, got {value}")
     meta = read_meta(data)
     vocab_dir = meta["vocab_dir"]
     tokenizer = BertTokenizer.from_pretrained(vocab_dir)
     vocab_size = int(meta["vocab_size"])
     warmup = steps // 100 if warmup is None else warmup
+    config = TrainConfig(
+        out_dir="",  # set below, in a temporary folder
+        steps=steps,
+        lr=lr,
+        warmup_steps=warmup,
+        weight_decay=0.01,
+        max_grad_norm=1.0,
+        precision=precision,
+        seed=seed,
+        log_every=steps,  # the bench's own status line reports the turns
+        checkpoints=False,
+    )
 
     torch.manual_seed(seed)
     ours = BertForPreTraining(BertConfig.preset(preset, vocab_size=vocab_size))
     with tempfile.TemporaryDirectory() as tmp:
         ours.save_pretrained(tmp)
         hf = HFBertForPreTraining.from_pretrained(tmp, attn_implementation="sdpa")
-    objective = PretrainingObjective(ours)
+    objective = PretrainingObjective()
     hf_tok = BertTokenizerFast(
         vocab_file=str(Path(vocab_dir) / "vocab.txt"), do_lower_case=tokenizer.do_lower_case
     )
@@ -134,61 +162,74 @@ def bench_pretrain(
         eval_data, eval_examples, 64, masking, tokenizer.mask_token_id, vocab_size, seed=seed
     )
 
-    sides = {"bertlab": ours, "transformers": hf}
-    opts = {name: _optimizer(model, lr, warmup, steps) for name, model in sides.items()}
-    log: dict[str, dict[str, list]] = {n: {"step": [], "loss": [], "tokens": []} for n in sides}
-    evals: dict[str, list[dict]] = {n: [] for n in sides}
-    seconds = dict.fromkeys(sides, 0.0)
-    for model in sides.values():
-        model.train()
+    # ---------------------------------------------------------------- transformers' side
+    hf_opt, hf_sched = _optimizer(hf, lr, warmup, steps)
+    hf_log: dict[str, list] = {"loss": [], "tokens": []}
+    evals: dict[str, list[dict]] = {"bertlab": [], "transformers": []}
+    hf_seconds = 0.0
+    low = precision == "bfloat16"  # as the loop does for bertlab's side
 
-    def step_ours(step: int) -> tuple[float, int]:
-        batch = ours_data(step, 0)
-        loss, m = objective(**batch)
-        loss.backward()
-        return float(m["loss"]), int(batch["attention_mask"].sum())
+    def hf_steps(upto: int) -> None:
+        """Train transformers' side on its steps before ``upto`` (the loop calls its evaluation
+        hook without gradients: they are switched back on here)."""
+        nonlocal hf_seconds
+        hf.train()
+        for step in range(len(hf_log["loss"]), upto):
+            t0 = time.perf_counter()
+            batch = hf_batch(step)
+            with torch.enable_grad():
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=low):
+                    out = hf(**batch)
+                out.loss.backward()
+            torch.nn.utils.clip_grad_norm_(hf.parameters(), 1.0)
+            hf_opt.step()
+            hf_sched.step()
+            hf_opt.zero_grad(set_to_none=True)
+            hf_seconds += time.perf_counter() - t0
+            hf_log["loss"].append(float(out.loss.detach()))
+            hf_log["tokens"].append(int(batch["attention_mask"].sum()))
+            if (step + 1) % eval_every == 0 or step + 1 == steps:
+                evals["transformers"].append({"step": step + 1, **_evaluate_hf(hf, batches)})
 
-    def step_hf(step: int) -> tuple[float, int]:
-        batch = hf_batch(step)
-        out = hf(**batch)
-        out.loss.backward()
-        return float(out.loss.detach()), int(batch["attention_mask"].sum())
-
-    run = {"bertlab": step_ours, "transformers": step_hf}
+    # ---------------------------------------------------------------- bertlab's side
     started = time.perf_counter()
-    for first in range(0, steps, segment):
-        for name in sides:
-            model, (opt, sched) = sides[name], opts[name]
-            for step in range(first, min(steps, first + segment)):
-                t0 = time.perf_counter()
-                loss, tokens = run[name](step)
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                opt.step()
-                sched.step()
-                opt.zero_grad(set_to_none=True)
-                seconds[name] += time.perf_counter() - t0
-                for key, value in (("step", step + 1), ("loss", loss), ("tokens", tokens)):
-                    log[name][key].append(value)
-                if (step + 1) % eval_every == 0 or step + 1 == steps:
-                    if name == "bertlab":
-                        ours.eval()
-                        result = evaluate(objective, batches)
-                        ours.train()
-                    else:
-                        result = _evaluate_hf(hf, batches)
-                    evals[name].append({"step": step + 1, **result})
-        if progress:
-            done = min(steps, first + segment)
-            print(
-                f"\rbench pretrain: step {done}/{steps}, bertlab {seconds['bertlab']:.0f}s, "
-                f"transformers {seconds['transformers']:.0f}s, "
-                f"{time.perf_counter() - started:.0f}s in all",
-                end="",
-                flush=True,
+    status = Progress() if progress else None
+
+    def between(model: torch.nn.Module, step: int) -> dict[str, float]:
+        """The loop's evaluation hook (outside bertlab's timed steps): bertlab's held-out
+        metrics when due, then transformers' next segment."""
+        result = {}
+        if step % eval_every == 0 or step == steps:
+            result = objective.evaluate(model, batches)
+            evals["bertlab"].append({"step": step, **result})
+        if step % segment == 0:
+            hf_steps(min(steps, step + segment))
+        if status is not None:
+            status.update(
+                f"bench pretrain: step {step}/{steps}, transformers {hf_seconds:.0f}s, "
+                f"{time.perf_counter() - started:.0f}s in all"
             )
-    if progress:
-        print()
-    tokens = sum(log["bertlab"]["tokens"])
+        return result
+
+    with tempfile.TemporaryDirectory() as run_dir:
+        config = replace(config, out_dir=run_dir)
+        hf_steps(min(steps, segment))
+        last = train(
+            ours,
+            objective,
+            ours_data,
+            config,
+            evaluate=between,
+            eval_every=math.gcd(segment, eval_every),
+        )
+        rows = [json.loads(line) for line in Path(run_dir, "metrics.jsonl").open()]
+    if status is not None:
+        status.close()
+    hf_steps(steps)  # nothing left unless the loop stopped early
+
+    ours_tokens = round(last["tokens_per_s"] * last["train_seconds"])
+    seconds = {"bertlab": float(last["train_seconds"]), "transformers": hf_seconds}
+    tokens = {"bertlab": ours_tokens, "transformers": sum(hf_log["tokens"])}
     result = {
         "settings": {
             "preset": preset,
@@ -200,20 +241,22 @@ def bench_pretrain(
             "warmup": warmup,
             "seed": seed,
             "segment": segment,
+            "precision": precision,
             "data": str(data),
             "long_data": str(long_data) if long_data else None,
             "eval_data": str(eval_data),
             "eval_examples": eval_examples,
             "threads": torch.get_num_threads(),
+            "bertlab_loop": "bertlab.train.loop.train (fused AdamW)",
         },
         "seconds": seconds,
-        "tokens_per_s": {n: sum(log[n]["tokens"]) / seconds[n] for n in sides},
-        "seconds_per_step": {n: seconds[n] / steps for n in sides},
+        "tokens_per_s": {n: tokens[n] / seconds[n] for n in seconds},
+        "seconds_per_step": {n: seconds[n] / steps for n in seconds},
         "speedup": seconds["transformers"] / seconds["bertlab"],
-        "real_tokens": tokens,
+        "real_tokens": ours_tokens,
         "eval": evals,
-        "final": {n: evals[n][-1] for n in sides},
-        "train_loss": {n: log[n]["loss"] for n in sides},
+        "final": {n: evals[n][-1] for n in evals},
+        "train_loss": {"bertlab": [r["loss"] for r in rows], "transformers": hf_log["loss"]},
     }
     return result
 
