@@ -31,7 +31,6 @@ import multiprocessing
 import os
 import random
 import re
-import sys
 import time
 from collections import namedtuple
 from collections.abc import Iterable, Iterator, Sequence
@@ -42,6 +41,7 @@ import torch
 
 from bertlab.data.batch import pad
 from bertlab.files import atomic_write
+from bertlab.progress import Progress
 from bertlab.tokenizer import BertTokenizer
 
 FORMAT, VERSION = "bertlab-pretraining-corpus", 1
@@ -431,7 +431,7 @@ def prepare(
     ]
     totals, shards, pending = dict.fromkeys(STATS, 0), [], []
     examples = tokens = files_done = 0
-    show = progress and sys.stderr.isatty()
+    status = Progress() if progress else None  # rewritten in place on a terminal only
     started = shown = time.perf_counter()
     # Spawned, not forked, processes: a fork would not carry the tokenizer engine's threads over.
     n = min(workers, len(jobs))
@@ -453,14 +453,16 @@ def prepare(
                         old.unlink()
                 shards.append(_write_shard(out, len(shards), pending[:shard_size]))
                 del pending[:shard_size]
-            if show and (time.perf_counter() - shown > 0.2 or done == len(jobs)):
-                shown, end = time.perf_counter(), "\n" if done == len(jobs) else ""
-                rate = tokens / (shown - started)  # one status line, as tqdm (not a dependency)
-                sys.stderr.write(
-                    f"\rprepare: files {files_done}/{len(files)}, blocks {done}/"
-                    f"{len(jobs)}, {examples:,} examples, {rate:,.0f} tokens/s{end}"
+            if status is not None and (time.perf_counter() - shown > 0.2 or done == len(jobs)):
+                shown = time.perf_counter()
+                rate = tokens / (shown - started)
+                status.update(
+                    f"prepare: files {files_done}/{len(files)}, blocks {done}/"
+                    f"{len(jobs)}, {examples:,} examples, {rate:,.0f} tokens/s"
                 )
     finally:
+        if status is not None:
+            status.close()
         if pool:
             pool.terminate()  # all results are in, or a block failed
     if not shards:

@@ -12,7 +12,7 @@ import json
 import os
 from pathlib import Path
 
-SKIP = {"step", "lr", "tokens_per_s", "train_seconds"}
+SKIP = {"step", "lr", "tokens_per_s", "train_seconds", "planned_steps", "stopped_by_time"}
 
 
 def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
