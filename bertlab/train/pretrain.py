@@ -185,6 +185,15 @@ def pretrain(config: PretrainConfig, resume: bool = False, overwrite: bool = Fal
         static=config.masking == "static",
         continuation=continuation,
     )
+    if tc.max_seconds is not None and len(data.streams) > 1 and rank == 0:
+        # The phases are laid out on TrainConfig.steps; a time plan that ends sooner cuts the
+        # long phase short or skips it.
+        logger.warning(
+            "--max-seconds with --long-data: the long phase starts at step %d of %d; a time "
+            "budget that plans fewer steps shortens it or leaves it out",
+            data.streams[1][0],
+            tc.steps,
+        )
     settings = {
         **asdict(config),
         "train": {k: v for k, v in asdict(tc).items() if k not in ("log_every", "save_every")},
