@@ -200,11 +200,11 @@ class FakeClock:
         return self.now
 
 
-def slow_task(clock: FakeClock, interrupt_at: int | None = None):
+def slow_task(clock: FakeClock, interrupt_at: int | None = None, first: float = 1.0):
     calls = {"n": 0}
 
     def run(m, batch):
-        clock.now += 1.0
+        clock.now += first if calls["n"] == 0 else 1.0
         if calls["n"] == interrupt_at:
             os.kill(os.getpid(), signal.SIGINT)  # the loop finishes this step, saves, stops
         calls["n"] += 1
@@ -253,6 +253,16 @@ def test_a_resumed_budget_run_keeps_its_plan_and_equals_the_unbroken_one(tmp_pat
         assert [r[key] for r in parted] == [r[key] for r in full], key
 
 
+def test_the_first_steps_one_off_cost_is_left_out_of_the_plan(tmp_path, monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(loop, "clock", clock)
+    cfg = TrainConfig(out_dir=str(tmp_path), steps=50, lr=1e-3, max_seconds=12.5)
+    last = train(model(), slow_task(clock, first=5.0), data, cfg)
+    # 5 s, then 1 s a step: planned after 8 s at step 4, with 4.5 s left for 4 more steps.
+    plan = torch.load(tmp_path / "checkpoint.pt", weights_only=True)["plan"]
+    assert plan["seconds_per_step"] == 1.0 and plan["steps"] == last["step"] == 8
+
+
 def rows(path):
     return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
 
@@ -278,3 +288,9 @@ def test_a_signal_saves_the_step_then_raises_training_interrupted(tmp_path):
     assert torch.load(tmp_path / "checkpoint.pt", weights_only=True)["step"] == 2
     assert "interrupted at step 2" in str(stop.value)
     assert signal.getsignal(signal.SIGTERM) is before  # the loop's handler is gone
+
+
+def test_the_progress_line_off_a_terminal_is_plain_lines(tmp_path, capsys):
+    train(model(), task, data, TrainConfig(out_dir=str(tmp_path), steps=3, lr=1e-3, log_every=1))
+    err = capsys.readouterr().err
+    assert "\r" not in err and "step 3/3 loss " in err

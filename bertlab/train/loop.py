@@ -232,7 +232,8 @@ class Plan:
 
     @classmethod
     def fit(cls, config: TrainConfig, done: int, elapsed: float, per_step: float) -> Plan:
-        left = max(0.0, config.max_seconds - elapsed) if config.max_seconds else math.inf
+        assert config.max_seconds is not None, "a plan needs a time budget"
+        left = max(0.0, config.max_seconds - elapsed)
         fits = math.floor(left / per_step) if per_step > 0 else config.steps
         steps = max(done, min(config.steps, done + fits))
         warmup = round(config.warmup_steps * steps / config.steps)
@@ -240,6 +241,9 @@ class Plan:
 
 
 # ============================================================================ the loop
+_NOT_SHOWN = {"step", "planned_steps", "lr", "tokens_per_s", "train_seconds"}
+
+
 class _Forward(nn.Module):
     """What DistributedDataParallel wraps: the task's whole forward pass, loss included, so that
     a task may call the model's parts (encoder, heads) and DDP still sees the one forward call
@@ -294,7 +298,7 @@ class Run:
         self.plan: Plan | None = None
         self.saved: int | None = None  # the step of the last checkpoint
         self.seconds_before = 0.0  # training seconds of the runs this one continues
-        self.eval_seconds = 0.0
+        self.untimed_seconds = 0.0  # evaluation and checkpoint writing: not training time
         self.tokens = 0  # real (unpadded) tokens this process's run has trained on
         self.ends: list[float] = []  # training seconds at the end of each step of this process
         self.signum = 0  # a signal asked the run to stop
@@ -330,8 +334,9 @@ class Run:
         return c.lr * linear_schedule(warmup, total)(step)
 
     def seconds(self) -> float:
-        """Training seconds so far, over this run and the ones it continues; no evaluation."""
-        return self.seconds_before + clock() - self.started - self.eval_seconds
+        """Training seconds so far, over this run and the ones it continues (evaluation and
+        checkpoint writing left out)."""
+        return self.seconds_before + clock() - self.started - self.untimed_seconds
 
     # ------------------------------------------------------------------ the steps
     def restore(self) -> None:
@@ -408,11 +413,11 @@ class Run:
         self.ends.append(self.seconds())
         if c.max_seconds is None:
             return
-        timed = self.ends[SKIPPED_STEPS - 1 :] if len(self.ends) > SKIPPED_STEPS else self.ends
-        if len(timed) > 1:  # the mean step after the first of this process
-            per_step = (timed[-1] - timed[0]) / (len(timed) - 1)
-        else:  # one step so far: its time, one-off costs included (an overestimate)
-            per_step = self.ends[0] - self.seconds_before
+        n = len(self.ends)
+        if n > SKIPPED_STEPS:  # the mean step after the skipped ones of this process
+            per_step = (self.ends[-1] - self.ends[SKIPPED_STEPS - 1]) / (n - SKIPPED_STEPS)
+        else:  # only skipped steps so far: one-off costs included, an overestimate
+            per_step = (self.ends[-1] - self.seconds_before) / n
         late, per_step = sum_over_ranks([float(self.ends[-1] + per_step > c.max_seconds), per_step])
         per_step /= self.world_size
         self.late = late > 0
@@ -433,10 +438,9 @@ class Run:
     def evaluate(self, metrics: dict[str, float]) -> None:
         """Held-out metrics (``eval_*``) every ``eval_every`` steps and at the end, on the
         unwrapped model in eval mode; their time is not training time."""
-        due = self.done % self.eval_every == 0 if self.eval_every else False
         if self.evaluate_fn is None or not self.eval_every:
             return
-        if not (due or self.done == self.total or self.late):
+        if not (self.done % self.eval_every == 0 or self.done == self.total or self.late):
             return
         t0 = clock()
         self.model.eval()
@@ -444,7 +448,7 @@ class Run:
             result = self.evaluate_fn(self.model, self.done)
         self.model.train()
         metrics.update({f"eval_{k}": v for k, v in result.items()})
-        self.eval_seconds += clock() - t0
+        self.untimed_seconds += clock() - t0
 
     def log(self, metrics: dict[str, float], file: Any, progress: Progress | None) -> None:
         """Throughput, time and plan into the metrics; one JSON line; the progress line."""
@@ -459,19 +463,20 @@ class Run:
         if progress is not None and (
             self.done % self.config.log_every == 0 or self.done == self.total
         ):
-            steps = len(self.ends)
-            rate = steps / run_seconds if run_seconds > 0 else 0.0
+            rate = len(self.ends) / run_seconds if run_seconds > 0 else 0.0
             eta = (self.total - self.done) / rate if rate > 0 else 0.0
-            shown = " ".join(
-                f"{k} {v:.4f}" for k, v in metrics.items() if k not in ("step", "planned_steps")
+            shown = " ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k not in _NOT_SHOWN)
+            progress.update(
+                f"step {self.done}/{self.total} {shown} {metrics['tokens_per_s']:,.0f} tok/s "
+                f"eta {eta:,.0f}s"
             )
-            progress.update(f"step {self.done}/{self.total} {shown} eta {eta:,.0f}s")
 
     def checkpoint(self) -> Path | None:
         """Save everything a resume needs, atomically (rank 0 writes; every rank's random
         state goes in, so that dropout resumes exactly). None when the run keeps none."""
         if not self.config.checkpoints:
             return None
+        t0 = clock()
         self.saved = self.done
         ranks = [rng_state()]
         if self.world_size > 1:
@@ -491,6 +496,7 @@ class Run:
                     "config": asdict(self.config),
                 },
             )
+        self.untimed_seconds += clock() - t0
         return self.checkpoint_path
 
     @contextmanager
