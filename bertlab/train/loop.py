@@ -301,7 +301,8 @@ class Run:
         self.untimed_seconds = 0.0  # evaluation and checkpoint writing: not training time
         self.tokens = 0  # real (unpadded) tokens this process's run has trained on
         self.ends: list[float] = []  # training seconds at the end of each step of this process
-        self.signum = 0  # a signal asked the run to stop
+        self.signum = 0  # the signal this process received
+        self.stopping = False  # a signal reached some rank: every rank stops after this step
         self.late = False  # the next step would pass the time budget
         if resume:
             self.restore()
@@ -366,13 +367,13 @@ class Run:
         after the last), the metrics summed over ranks and checked, clipping, the update at
         this step's learning rate; then the time plan. Returns the step's metrics."""
         c, step = self.config, self.done
+        device, low = c.device.split(":")[0], c.precision == "bfloat16"
         sums: dict[str, float] = {}
         tokens = 0
         for micro in range(c.grad_accum):
             batch = {k: v.to(c.device) for k, v in self.data(step, micro).items()}
             last = micro == c.grad_accum - 1
             with self.ddp.no_sync() if self.ddp is not None and not last else nullcontext():
-                device, low = c.device.split(":")[0], c.precision == "bfloat16"
                 with torch.autocast(device, dtype=torch.bfloat16, enabled=low):
                     loss, m = self.forward(batch)
                 (loss / c.grad_accum).backward()
@@ -401,7 +402,7 @@ class Run:
         self.optimizer.zero_grad(set_to_none=True)
         self.done = step + 1
         self.tokens += int(tokens)
-        self.signum = self.signum or (int(signal.SIGINT) if asked else 0)
+        self.stopping = asked > 0  # from the message, so the same on every rank
         self.time_plan()
         # "lr" is the rate after this step, as a scheduler reports it: 0 once the run is over.
         return {"step": self.done, "lr": self.lr(self.done), **sums}
@@ -547,9 +548,9 @@ def train(
                 metrics = run.step()
                 run.evaluate(metrics)
                 run.log(metrics, file, progress)
-                if run.signum:
+                if run.stopping:
                     saved = run.checkpoint()
-                    raise TrainingInterrupted(run.done, saved, run.signum)
+                    raise TrainingInterrupted(run.done, saved, run.signum or signal.SIGINT)
                 if config.save_every and run.done % config.save_every == 0:
                     run.checkpoint()
             if run.done < run.total:  # the budget ran out before the plan's end
