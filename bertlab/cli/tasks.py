@@ -81,7 +81,8 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
         shown = ", ".join(
             f"{k} {v:.4f}" for k, v in metrics.items() if k not in ("step", "planned_steps")
         )
-        budget = f" (the time budget's plan of {steps})" if done < steps else ""
+        budget = f" of {steps} (time budget; {int(metrics['planned_steps'])} planned)"
+        budget = budget if done < steps else ""
         print(f"done: step {done}{budget}, {shown}; model in {Path(args.output) / 'model'}")
         return 0
     finally:

@@ -210,14 +210,17 @@ def load_checkpoint(path: Path) -> dict[str, Any] | None:
 
 # ============================================================================ the time plan
 SKIPPED_STEPS = 1  # the first step of a process pays one-off costs (allocation, kernels, state)
-TIMED_STEPS = 3  # the steps after it that the plan's step time is measured on
+TIMED_STEPS = 3  # at least this many steps after it are timed for the plan,
+TIMED_FRACTION = 0.05  # and at least this share of the budget (one step's time is noisy),
+TIMED_SECONDS = 60.0  # or this long, whichever is shorter
 
 
 @dataclass(frozen=True)
 class Plan:
     """How many steps a time budget holds, fixed once and kept in the checkpoint.
 
-    After ``SKIPPED_STEPS + TIMED_STEPS`` steps the loop takes the mean time of the timed ones
+    After ``SKIPPED_STEPS`` steps the loop times the next ones, at least ``TIMED_STEPS`` of them
+    and ``TIMED_FRACTION`` of the budget (or ``TIMED_SECONDS``), takes their mean time
     (``seconds_per_step``, averaged over ranks so every rank plans alike) and fits the rest of
     the budget: ``steps`` = the steps done + the whole steps the remaining seconds hold, never
     more than ``TrainConfig.steps``. From then on the schedule warms up over ``warmup`` steps
@@ -414,15 +417,23 @@ class Run:
         self.ends.append(self.seconds())
         if c.max_seconds is None:
             return
-        n = len(self.ends)
+        n, timed = len(self.ends), 0.0
         if n > SKIPPED_STEPS:  # the mean step after the skipped ones of this process
-            per_step = (self.ends[-1] - self.ends[SKIPPED_STEPS - 1]) / (n - SKIPPED_STEPS)
+            timed = self.ends[-1] - self.ends[SKIPPED_STEPS - 1]
+            per_step = timed / (n - SKIPPED_STEPS)
         else:  # only skipped steps so far: one-off costs included, an overestimate
             per_step = (self.ends[-1] - self.seconds_before) / n
-        late, per_step = sum_over_ranks([float(self.ends[-1] + per_step > c.max_seconds), per_step])
+        enough = n >= SKIPPED_STEPS + TIMED_STEPS and (
+            timed >= min(TIMED_FRACTION * c.max_seconds, TIMED_SECONDS)
+        )
+        # One message: every rank learns whether any rank is late or ready to plan, and the
+        # mean step time, so that all stop, and plan, at the same step.
+        late, ready, per_step = sum_over_ranks(
+            [float(self.ends[-1] + per_step > c.max_seconds), float(enough), per_step]
+        )
         per_step /= self.world_size
         self.late = late > 0
-        if self.plan is None and len(self.ends) == SKIPPED_STEPS + TIMED_STEPS:
+        if self.plan is None and ready > 0:
             self.plan = Plan.fit(c, self.done, self.ends[-1], per_step)
             if self.main:
                 logger.warning(
