@@ -23,9 +23,11 @@ divided by the global count) multiplies it by the world size; its metrics are sh
 the loop sums them over ranks. A task that does so gives the same run on any number of
 processes (``bertlab.tasks.pretraining`` does).
 
-The steps of a run, in order (``Run``'s methods): ``restore`` (resume), then per optimizer step
-``fits`` (the time budget), ``step`` (accumulate, check, clip, update), ``evaluate``, ``log``,
-``checkpoint``; a signal ends with ``checkpoint`` and ``TrainingInterrupted``.
+The steps of a run, in order (``Run``'s methods, called by ``train``): ``restore`` (on resume),
+then per optimizer step ``step`` (accumulate, check, clip, update; it ends with ``time_plan``,
+which fixes the plan once and says whether the next step fits the budget), ``evaluate``,
+``log``, ``checkpoint`` when due; at the end ``checkpoint``. A signal ends the run with
+``checkpoint`` and ``TrainingInterrupted``.
 """
 
 from __future__ import annotations
