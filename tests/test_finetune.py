@@ -60,11 +60,13 @@ def test_classify_end_to_end(sst2, tmp_path, capsys):
         assert (ours(**batch).logits - theirs(**batch).logits).abs().max() < 1e-5
     # the saved model is the best one: its dev accuracy is the one reported
     from bertlab.data.classification import encode_classification, read_classification
-    from bertlab.tasks.finetuning import ClassificationTask
+    from bertlab.tasks.classify import ClassificationTask
+    from bertlab.tasks.finetuning import Split
 
     train = read_classification(sst2 / "train.tsv")
-    dev_f, _ = encode_classification(tok, read_classification(sst2 / "dev.tsv", like=train), 48)
-    again = ClassificationTask(["0", "1"]).evaluate(ours, dev_f)
+    dev = read_classification(sst2 / "dev.tsv", like=train)
+    dev_f, _ = encode_classification(tok, dev, 48)
+    again = ClassificationTask(["0", "1"]).evaluate(ours, Split(dev, dev_f))
     assert again["accuracy"] == pytest.approx(r["dev"]["accuracy"])
 
 

@@ -78,7 +78,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
 
 
 def cmd_finetune(args: argparse.Namespace) -> int:
-    from bertlab.train.finetune import FinetuneConfig, finetune
+    from bertlab.train.finetune import FinetuneConfig, TrainingInterrupted, finetune, resume_command
 
     names = (
         "train",
@@ -105,9 +105,20 @@ def cmd_finetune(args: argparse.Namespace) -> int:
         "dev_articles",
     )
     config = FinetuneConfig(task=args.task, **{n: getattr(args, n) for n in names})
-    r = finetune(config, args.output, overwrite=args.overwrite)
+    try:
+        r = finetune(config, args.output, overwrite=args.overwrite, resume=args.resume)
+    except TrainingInterrupted as e:
+        print(
+            f"\nstopped at step {e.step}, saved in {e.checkpoint}; continue with:\n"
+            f"  {resume_command(config, args.output)}",
+            file=sys.stderr,
+        )
+        return 130  # as a shell reports a program ended by Ctrl-C
     where = Path(args.output) / "model"
-    print(f"done in {r['seconds']:.0f}s, {r['steps']} steps; model in {where}")
+    print(
+        f"done: {r['steps']} steps, {r['seconds']:.0f} s of training (+ {r['eval_seconds']:.0f} s "
+        f"evaluating; {r['wall_seconds']:.0f} s in all); model in {where}"
+    )
     if r["dev"]:
         print(
             f"dev (best, step {r['best_step']}): "
@@ -270,7 +281,12 @@ def add_task_parsers(sub: argparse._SubParsersAction) -> None:
     ft.add_argument("--weight-decay", type=float, default=0.01)
     ft.add_argument("--max-length", type=int, help="tokens (default 128; qa 384)")
     ft.add_argument("--max-train-examples", type=int, help="a random subset of the training set")
-    ft.add_argument("--max-seconds", type=float, help="training-time budget")
+    ft.add_argument(
+        "--max-seconds",
+        type=float,
+        help="a budget of training seconds; the learning-rate schedule is planned to the steps "
+        "that fit. Reading the data and dev evaluations are not counted",
+    )
     ft.add_argument("--seed", type=int, default=0)
     ft.add_argument(
         "--dropout", type=float, help="hidden and attention dropout (default: the model's)"
@@ -289,7 +305,8 @@ def add_task_parsers(sub: argparse._SubParsersAction) -> None:
         default=0,
         help="qa: hold out the last N articles of --train for evaluation",
     )
-    ft.add_argument("--overwrite", action="store_true")
+    ft.add_argument("--resume", action="store_true", help="continue the stopped run in --output")
+    ft.add_argument("--overwrite", action="store_true", help="replace the run in --output")
     ft.set_defaults(func=cmd_finetune)
 
     pr = sub.add_parser("predict", help="fill-mask, embed, classify, tag or answer")
