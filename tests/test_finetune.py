@@ -220,7 +220,8 @@ def test_every_task_object_keeps_the_one_protocol(sst2, tiny):
         assert all(isinstance(v, float) for v in figures.values())
         assert isinstance(run.model, task.model_class)
         assert task.hf_class == type(run.model).__name__  # the same name in transformers
-        assert config.length == (384 if name == "qa" else 128) or config.max_length
+        assert task.default_length == (384 if name == "qa" else 128)
+        assert config.length == (config.max_length or task.default_length)
 
 
 def test_the_fine_tuning_runner_never_asks_which_task_it_runs():
@@ -309,6 +310,8 @@ def test_resume_refuses_changed_settings_and_a_run_without_a_checkpoint(sst2, ti
         finetune(config, run, progress=False, resume=True)
     with pytest.raises(FileExistsError, match="already holds a run .*--resume.*--overwrite"):
         finetune(config, run, progress=False)
+    with pytest.raises(ValueError, match="--resume .* or --overwrite .*, not both"):
+        finetune(config, run, progress=False, resume=True, overwrite=True)
     with pytest.raises(ValueError, match="max_seconds must be > 0, got 0"):
         FinetuneConfig(task="classify", train="x", max_seconds=0)
 

@@ -17,7 +17,6 @@ quiet machine matters, since a slower run trains fewer steps in its budget.
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import tempfile
@@ -95,11 +94,11 @@ def _run_transformers(
                 f"{tokens / trained:,.0f} tok/s"
             )
         if done % run.per_epoch == 0 or late or done == run.steps:
-            result = run.task.evaluate(model, run.dev)
+            result, details = run.task.evaluate_with_details(model, run.dev)
             model.train()
             evals.append({"step": done, "seconds": trained, **result})
             if not best or result[key] > best["metrics"][key]:
-                best = {"step": done, "metrics": result, "state": copy.deepcopy(model.state_dict())}
+                best = {"step": done, "metrics": result, "details": details}
         if late:
             break
     if status is not None:
@@ -114,10 +113,8 @@ def _run_transformers(
         "evaluations": evals,
         "losses": losses,
     }
-    model.load_state_dict(best["state"])
-    details = run.task.details(model, run.dev)
-    if details is not None:  # e.g. the per-type table of entities, from the best model
-        out["dev_full"] = details
+    if best["details"] is not None:  # e.g. the per-type table of entities, best model's
+        out["dev_full"] = best["details"]
     return out
 
 

@@ -113,6 +113,9 @@ def cmd_finetune(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 130  # as a shell reports a program ended by Ctrl-C
+    except KeyboardInterrupt:  # outside the training loop (reading the data, saving)
+        print("\ninterrupted before training started or after it ended", file=sys.stderr)
+        return 130
     where = Path(args.output) / "model"
     print(
         f"done: {r['steps']} steps, {r['seconds']:.0f} s of training (+ {r['eval_seconds']:.0f} s "

@@ -37,7 +37,7 @@ class ClassificationTask(FinetuneTask):
     ) -> tuple[ClassificationTask, Split, Split | None, dict[str, Any]]:
         """The columns and labels are detected (or named by the config) in the training file;
         the dev file must have the same columns and no label the training file lacks."""
-        length = config.max_length or cls.default_length
+        length = config.length
         train = read_classification(
             config.train,
             text_column=config.text_column,

@@ -11,7 +11,7 @@ A task object owns everything particular to its task, so that ``bertlab.train.fi
     task(model, batch) -> (loss, metrics)       the model's own loss (transformers' too)
     task.evaluate(model, dev) -> metrics        the figures the field reports (bertlab.metrics)
     task.main_metric                            the figure that picks the best model
-    task.details(model, dev) -> dict | None     a fuller report of the best model, if any
+    task.evaluate_with_details(model, dev)      the figures and a fuller report, if any
     task.hf_class                               transformers' class, for the side-by-side bench
 
 ``evaluate`` runs on the model's own device, ``eval_batch_size`` features at a time. With
@@ -101,6 +101,9 @@ class FinetuneTask:
     def evaluate(self, model: nn.Module, data: Split) -> dict[str, float]:
         raise NotImplementedError
 
-    def details(self, model: nn.Module, data: Split) -> dict[str, Any] | None:
-        """A fuller report than ``evaluate``'s figures (entities: the per-type table)."""
-        return None
+    def evaluate_with_details(
+        self, model: nn.Module, data: Split
+    ) -> tuple[dict[str, float], dict[str, Any] | None]:
+        """``evaluate``'s figures and, from the same predictions, a fuller report where the task
+        has one (entities: the per-type table), else None."""
+        return self.evaluate(model, data), None

@@ -65,7 +65,7 @@ class QuestionAnsweringTask(FinetuneTask):
             train = read_squad(config.train, titles=set(titles) - held)
             report["dev_articles"] = sorted(held)
         kw = dict(
-            max_length=config.max_length or cls.default_length,
+            max_length=config.length,
             doc_stride=config.doc_stride,
             max_query_length=config.max_query_length,
         )

@@ -36,7 +36,7 @@ class TaggingTask(FinetuneTask):
     def read(
         cls, config: Any, tokenizer: BertTokenizer
     ) -> tuple[TaggingTask, Split, Split | None, dict[str, Any]]:
-        length = config.max_length or cls.default_length
+        length = config.length
         train = read_conll(config.train)
         dev = read_conll(config.dev, like=train) if config.dev else None
         train_f, cut = encode_tagging(tokenizer, train, length)
@@ -81,10 +81,12 @@ class TaggingTask(FinetuneTask):
             for f, p, words in zip(data.features, pieces, data.source.words, strict=True)
         ]
 
-    def details(self, model: nn.Module, data: Split) -> dict[str, Any]:
-        """The conlleval report: overall figures and the per-type table."""
-        return M.conlleval(data.source.tags, self.predict_tags(model, data))
+    def evaluate_with_details(
+        self, model: nn.Module, data: Split
+    ) -> tuple[dict[str, float], dict[str, Any]]:
+        """The overall figures, and the whole conlleval report with the per-type table."""
+        r = M.conlleval(data.source.tags, self.predict_tags(model, data))
+        return {k: r[k] for k in ("f1", "precision", "recall", "accuracy")}, r
 
     def evaluate(self, model: nn.Module, data: Split) -> dict[str, float]:
-        r = self.details(model, data)
-        return {k: r[k] for k in ("f1", "precision", "recall", "accuracy")}
+        return self.evaluate_with_details(model, data)[0]

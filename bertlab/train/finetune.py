@@ -67,6 +67,7 @@ TASKS: dict[str, type[FinetuneTask]] = {
     "qa": QuestionAnsweringTask,
 }
 RUN_FILE = "run.json"  # the settings of a run folder; --resume must repeat them
+BEST_FILE = "best.json"  # the best evaluation so far, while a run is under way
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,7 @@ class FinetuneConfig:
 
     @property
     def length(self) -> int:
+        """Tokens per sequence: --max-length, else the task's default."""
         return self.max_length or TASKS[self.task].default_length
 
 
@@ -208,21 +210,6 @@ def _check_run_folder(out: Path, settings: dict, resume: bool, overwrite: bool) 
         )
 
 
-def _best_so_far(out: Path, key: str) -> dict[str, Any]:
-    """The best evaluation of a run being resumed, read back from its metrics file (the model
-    it names is in ``out/best``)."""
-    best: dict[str, Any] = {}
-    path = out / "metrics.jsonl"
-    for line in path.read_text("utf-8").splitlines() if path.exists() else []:
-        row = json.loads(line)
-        if f"eval_{key}" not in row:
-            continue
-        result = {k[5:]: v for k, v in row.items() if k.startswith("eval_")}
-        if not best or result[key] > best["metrics"][key]:
-            best = {"step": int(row["step"]), "metrics": result}
-    return best
-
-
 def finetune(
     config: FinetuneConfig,
     out_dir: str | Path,
@@ -236,6 +223,8 @@ def finetune(
     (its model is the one trained). ``resume``: continue the stopped run in ``out_dir``.
     Raises ``TrainingInterrupted`` (a ``KeyboardInterrupt``) when a signal stops the run,
     after its checkpoint is saved."""
+    if resume and overwrite:
+        raise ValueError("pass --resume to continue a run or --overwrite to replace it, not both")
     started = time.perf_counter()
     out = Path(out_dir)
     settings = json.loads(json.dumps(asdict(config)))  # as run.json holds them
@@ -257,7 +246,8 @@ def finetune(
         max_seconds=config.max_seconds,
     )
     if overwrite and not resume:
-        for name in ("metrics.jsonl", CHECKPOINT, CHECKPOINT + ".prev", "results.json", RUN_FILE):
+        names = ("metrics.jsonl", CHECKPOINT, CHECKPOINT + ".prev", "results.json", BEST_FILE)
+        for name in (*names, RUN_FILE):
             (out / name).unlink(missing_ok=True)
         for name in ("model", "best"):
             shutil.rmtree(out / name, ignore_errors=True)
@@ -265,18 +255,22 @@ def finetune(
     if not resume:
         (out / RUN_FILE).write_text(json.dumps(settings, indent=2) + "\n", "utf-8")
     key = task.main_metric
-    best = _best_so_far(out, key) if resume else {}
+    # The best evaluation so far (its model is in out/best); a resumed run reads it back.
+    best: dict[str, Any] = {}
+    if resume and (out / BEST_FILE).is_file():
+        best = json.loads((out / BEST_FILE).read_text("utf-8"))
     spent = {"eval": 0.0}
     # The loop's status line stays open on a terminal: a dev line must start a line of its own.
     newline = "\n" if sys.stderr.isatty() else ""
 
     def evaluate(m: torch.nn.Module, step: int) -> dict[str, float]:
         t0 = time.perf_counter()
-        result = task.evaluate(m, dev)
+        result, details = task.evaluate_with_details(m, dev)
         if not best or result[key] > best["metrics"][key]:
-            best.update(step=step, metrics=result)
+            best.update(step=step, metrics=result, details=details)
             m.save_pretrained(out / "best")  # the best model so far, kept
             tokenizer.save_pretrained(out / "best")
+            (out / BEST_FILE).write_text(json.dumps(best) + "\n", "utf-8")
         spent["eval"] += time.perf_counter() - t0
         if progress:
             shown = ", ".join(f"{k} {v:.4f}" for k, v in result.items())
@@ -298,7 +292,7 @@ def finetune(
         raise TrainingInterrupted(step, out / CHECKPOINT)  # stopped by a signal
     # A finished run has nothing to resume: its checkpoint (optimiser state included, twice
     # the model's size) is not kept.
-    for name in (CHECKPOINT, CHECKPOINT + ".prev"):
+    for name in (CHECKPOINT, CHECKPOINT + ".prev", BEST_FILE):
         (out / name).unlink(missing_ok=True)
     final = out / "model"
     shutil.rmtree(final, ignore_errors=True)
@@ -321,10 +315,8 @@ def finetune(
         "best_step": best.get("step"),
         "dev": best.get("metrics"),
     }
-    if dev is not None:
-        details = task.details(task.model_class.from_pretrained(final), dev)
-        if details is not None:  # e.g. the per-type table of entities, from the best model
-            results["dev_full"] = details
+    if best.get("details") is not None:  # e.g. the per-type table of entities, best model's
+        results["dev_full"] = best["details"]
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n", "utf-8")
     try:
         from bertlab.train.curves import plot_run
