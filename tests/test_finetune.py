@@ -295,6 +295,8 @@ def test_a_stopped_run_resumed_with_the_printed_command_equals_an_unbroken_one(
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     ra, rb = (json.loads((run / "results.json").read_text()) for run in (whole, broken))
     assert ra["dev"] == rb["dev"] and ra["best_step"] == rb["best_step"]
+    for r in (ra, rb):  # training time (what max_seconds counts) apart from evaluation
+        assert 0 < r["seconds"] and r["seconds"] + r["eval_seconds"] <= r["wall_seconds"]
     assert not (broken / "checkpoint.pt").exists()  # a finished run keeps no checkpoint
 
 

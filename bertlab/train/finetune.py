@@ -245,7 +245,7 @@ def finetune(
         device=config.device,
         max_seconds=config.max_seconds,
     )
-    if overwrite and not resume:
+    if overwrite:
         names = ("metrics.jsonl", CHECKPOINT, CHECKPOINT + ".prev", "results.json", BEST_FILE)
         for name in (*names, RUN_FILE):
             (out / name).unlink(missing_ok=True)
