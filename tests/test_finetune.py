@@ -217,6 +217,10 @@ def test_every_task_object_keeps_the_one_protocol(sst2, tiny):
         assert loss.ndim == 0 and loss.requires_grad and set(metrics) == {"loss"}
         figures = task.evaluate(run.model, run.dev)
         assert task.main_metric in figures
+        same, details = task.evaluate_with_details(run.model, run.dev)
+        assert same == figures  # one evaluation gives both
+        assert (details is not None) == (name == "tag")  # entities have the per-type table
+        assert details is None or {"LOC", "PER", "ORG"} <= set(details["per_type"])
         assert all(isinstance(v, float) for v in figures.values())
         assert isinstance(run.model, task.model_class)
         assert task.hf_class == type(run.model).__name__  # the same name in transformers
