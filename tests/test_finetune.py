@@ -1,5 +1,6 @@
 """`bertlab finetune`: each task end to end on the bundled checkpoint and small real samples,
-the saved model against transformers, the time budget, and the refusals."""
+the saved model against transformers, the time budget, and the refusals; the task objects'
+one protocol, a stopped run resumed exactly, and what Ctrl-C prints."""
 
 from __future__ import annotations
 

@@ -6,6 +6,7 @@ A task object owns everything particular to its task, so that ``bertlab.train.fi
     Task.read(config, tokenizer) -> (task, train Split, dev Split or None, report)
         read, check and encode its files (``bertlab.data.classification`` / ``.tagging`` /
         ``.squad``); the task object is built from what the training file holds (its labels)
+    Task.check(config)                          refuse settings the task cannot use
     task.build_model(directory, **overrides)    its model class with a fresh head
     task.collate(features) -> batch             padded tensors with the task's targets
     task(model, batch) -> (loss, metrics)       the model's own loss (transformers' too)
@@ -31,6 +32,7 @@ from torch import nn
 
 from bertlab.data.batch import pad
 from bertlab.distributed import world
+from bertlab.tokenizer import BertTokenizer
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,14 @@ class FinetuneTask:
         """Refuse settings this task cannot use, before any data is read."""
         if config.dev_articles:
             raise ValueError("dev_articles holds out SQuAD articles: it is for the qa task")
+
+    @classmethod
+    def read(
+        cls, config: Any, tokenizer: BertTokenizer
+    ) -> tuple[FinetuneTask, Split, Split | None, dict[str, Any]]:
+        """Read, check and encode the config's files: (the task, the training split, the dev
+        split or None, a report of what was found)."""
+        raise NotImplementedError
 
     def __call__(
         self, model: nn.Module, batch: dict[str, torch.Tensor]
