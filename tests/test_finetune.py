@@ -327,7 +327,10 @@ def test_ctrl_c_prints_the_resume_command_and_exits_non_zero(sst2, tiny, tmp_pat
     from bertlab.train import finetune as runner
 
     def interrupted(*_args, **_kw):
-        raise runner.TrainingInterrupted(7, tmp_path / "run" / "checkpoint.pt")
+        # Built without its constructor: only its documented attributes are relied on.
+        stop = runner.TrainingInterrupted.__new__(runner.TrainingInterrupted)
+        stop.step, stop.checkpoint = 7, tmp_path / "run" / "checkpoint.pt"
+        raise stop
 
     out = tmp_path / "run dir"  # a space: the command must quote it
     args = ["finetune", "tag", "--train", str(FIXTURES / "conll_style_bertlab.txt")]
