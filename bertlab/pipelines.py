@@ -11,10 +11,15 @@ Each pipeline loads a model folder and its tokenizer once, runs batches without 
 returns plain Python values. A folder without the weights a task needs (a fill-mask model
 without its masked-LM head, a classifier without its classifier) is refused by name: a randomly
 initialised head would answer, but with noise.
+
+For ``bertlab predict`` each class also reads its own input lines (``parse``), takes the
+command's options it uses (``run``) and formats its own results, as a line of text (``text``)
+or of JSON (``json_line``), so the command never asks which pipeline it runs.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -60,6 +65,26 @@ class Pipeline:
             )
         self.model.to(device).eval()
         self.device, self.batch_size = device, batch_size
+
+    @classmethod
+    def parse(cls, line: str, n: int, **options: Any) -> Any:
+        """One input line (the ``n``-th, counted from 1) -> this pipeline's input: the text."""
+        return line
+
+    def run(self, items: list, **options: Any) -> list:
+        """The results of ``items``, one each, under ``bertlab predict``'s options (those this
+        pipeline does not use are ignored)."""
+        return self(items)
+
+    @classmethod
+    def text(cls, item: Any, result: Any) -> str:
+        """One result as a line of text: the input, a tab, the result."""
+        return f"{item}\t{result}"
+
+    @classmethod
+    def json_line(cls, item: Any, result: Any) -> str:
+        """One result as a line of JSON: {"input": ..., "output": ...}."""
+        return json.dumps({"input": item, "output": result}, ensure_ascii=False)
 
     def _encode(self, texts: list[str], pairs: list[str] | None = None, **kw) -> Any:
         return self.tokenizer(texts, pairs, truncation=True, **kw)
@@ -113,6 +138,16 @@ class EmbedPipeline(Pipeline):
         vectors = torch.cat(out).cpu()
         return vectors[0] if single else vectors
 
+    def run(
+        self, items: list, pooling: str = "mean", normalize: bool = True, **_: Any
+    ) -> list[list[float]]:
+        return self(items, pooling=pooling, normalize=normalize).tolist()
+
+    @classmethod
+    def text(cls, item: str, result: list[float]) -> str:
+        shown = ", ".join(f"{x:+.4f}" for x in result[:6])
+        return f"{item}\t[{shown}, ...] ({len(result)} dims)"
+
 
 class ClassifyPipeline(Pipeline):
     """Labels with their probabilities (softmax), best first; regression models give a value."""
@@ -145,6 +180,16 @@ class ClassifyPipeline(Pipeline):
                 order = row.argsort(descending=True).tolist()[: top_k or len(names)]
                 results.append([{"label": names[i], "score": float(row[i])} for i in order])
         return results[0] if single else results
+
+    def run(self, items: list, top_k: int | None = None, pair: str | None = None, **_: Any) -> list:
+        """``pair``: one second text for every input."""
+        return self(items, [pair] * len(items) if pair else None, top_k=top_k or 1)
+
+    @classmethod
+    def text(cls, item: str, result: list | dict) -> str:
+        if isinstance(result, dict):  # regression
+            return f"{item}\t{result['value']:.4f}"
+        return f"{item}\t" + ", ".join(f"{c['label']} {c['score']:.3f}" for c in result)
 
 
 class TagPipeline(Pipeline):
@@ -191,6 +236,14 @@ class TagPipeline(Pipeline):
                     )
                 results.append(entities)
         return results[0] if single else results
+
+    @classmethod
+    def text(cls, item: str, result: list[dict]) -> str:
+        shown = "; ".join(
+            f"{e['entity']} {e['text']!r} [{e['start']}:{e['end']}] {e['score']:.3f}"
+            for e in result
+        )
+        return f"{item}\t{shown or '(no entities)'}"
 
 
 class AnswerPipeline(Pipeline):
@@ -272,6 +325,49 @@ class AnswerPipeline(Pipeline):
             answers = [{"answer": "", "start": 0, "end": 0, "score": 0.0}]
         return answers[0] if top_k == 1 else answers
 
+    @classmethod
+    def parse(cls, line: str, n: int, context: str | None = None, **_: Any) -> dict[str, str]:
+        """A JSON object {"question", "context"}, or a question about ``context``."""
+        if context is not None:
+            return {"question": line, "context": context}
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            obj = None
+        if not isinstance(obj, dict) or not {"question", "context"} <= set(obj):
+            raise ValueError(
+                f"answer input line {n}: a JSON object with question and context "
+                "is expected (or pass --context)"
+            )
+        return obj
+
+    def run(
+        self,
+        items: list,
+        top_k: int | None = None,
+        max_answer_length: int = 30,
+        allow_no_answer: bool = False,
+        **_: Any,
+    ) -> list:
+        return [
+            self(
+                x["question"],
+                x["context"],
+                top_k=top_k or 1,
+                max_answer_length=max_answer_length,
+                allow_no_answer=allow_no_answer,
+            )
+            for x in items
+        ]
+
+    @classmethod
+    def text(cls, item: dict, result: dict | list[dict]) -> str:
+        best = result[0] if isinstance(result, list) else result
+        return (
+            f"{item['question']}\t{best['answer']!r} [{best['start']}:{best['end']}] "
+            f"{best['score']:.3f}"
+        )
+
 
 class FillMaskPipeline(Pipeline):
     """The ``top_k`` tokens for each [MASK], with their probabilities and the filled text."""
@@ -313,6 +409,15 @@ class FillMaskPipeline(Pipeline):
                     )
                 results.append(per_mask[0] if len(per_mask) == 1 else per_mask)
         return results[0] if single else results
+
+    def run(self, items: list, top_k: int | None = None, **_: Any) -> list:
+        return self(items, top_k=top_k or 5)
+
+    @classmethod
+    def text(cls, item: str, result: list) -> str:
+        masks = result if result and isinstance(result[0], list) else [result]
+        shown = " | ".join(", ".join(f"{c['token']} {c['score']:.3f}" for c in m) for m in masks)
+        return f"{item}\t{shown}"
 
 
 PIPELINES = {

@@ -275,17 +275,19 @@ class _ParisModel(torch.nn.Module):
 
 
 def test_squad_v2_evaluation_abstains_and_searches_the_threshold(tmp_path, tok):
-    from bertlab.tasks.finetuning import QuestionAnsweringTask
+    from bertlab.tasks.finetuning import Split
+    from bertlab.tasks.qa import QuestionAnsweringTask
 
     data = read_squad(_write(tmp_path / "v2.json", _squad_v2(france_at=24)))
     features = encode_squad(tok, data, max_length=64, doc_stride=16, training=False)
-    r = QuestionAnsweringTask().evaluate(_ParisModel(tok), data, features)
+    dev = Split(data, features)
+    r = QuestionAnsweringTask().evaluate(_ParisModel(tok), dev)
     # q1 right, q2 rightly unanswered (its [CLS] beats the span by 30 > 0), q3 wrong.
     assert r["exact_match"] == pytest.approx(2 / 3)
     assert r["has_answer_exact_match"] == 0.5 and r["no_answer_exact_match"] == 1.0
     assert r["best_exact_match"] == pytest.approx(2 / 3) and r["best_f1"] >= r["f1"]
     # A threshold above the margin never abstains: q2 is then answered, and wrong.
-    never = QuestionAnsweringTask(null_threshold=100.0).evaluate(_ParisModel(tok), data, features)
+    never = QuestionAnsweringTask(null_threshold=100.0).evaluate(_ParisModel(tok), dev)
     assert never["exact_match"] == pytest.approx(1 / 3)
 
 

@@ -17,7 +17,6 @@ quiet machine matters, since a slower run trains fewer steps in its budget.
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import tempfile
@@ -28,24 +27,16 @@ from typing import Any
 
 import torch
 
-from bertlab.train.finetune import (
-    FinetuneConfig,
-    Prepared,
-    evaluate_dev,
-    finetune,
-    main_metric,
-    prepare,
-)
+from bertlab.progress import Progress
+from bertlab.train.finetune import FinetuneConfig, Prepared, finetune, prepare
 
 
-def _transformers_model(config: FinetuneConfig, start: torch.nn.Module) -> torch.nn.Module:
+def _transformers_model(run: Prepared) -> torch.nn.Module:
+    """transformers' model of the task, holding ``run``'s starting weights."""
     import transformers
 
-    cls = {
-        "classify": transformers.BertForSequenceClassification,
-        "tag": transformers.BertForTokenClassification,
-        "qa": transformers.BertForQuestionAnswering,
-    }[config.task]
+    cls = getattr(transformers, run.task.hf_class)
+    start = run.model
     with tempfile.TemporaryDirectory() as d:
         start.save_pretrained(d)
         return cls.from_pretrained(d, attn_implementation="sdpa")
@@ -82,6 +73,7 @@ def _run_transformers(
     trained = 0.0
     tokens = done = 0
     losses: list[float] = []
+    status = Progress() if progress else None
     for step in range(run.steps):
         t0 = time.perf_counter()
         batch = data(step)
@@ -96,23 +88,21 @@ def _run_transformers(
         tokens += int(batch["attention_mask"].sum())
         done = step + 1
         late = trained > seconds
-        if progress and done % 20 == 0:
-            print(
-                f"\rtransformers step {done}/{run.steps} loss {losses[-1]:.4f} "
-                f"{tokens / trained:,.0f} tok/s",
-                end="",
-                flush=True,
+        if status is not None and (done % 20 == 0 or late or done == run.steps):
+            status.update(
+                f"transformers step {done}/{run.steps} loss {losses[-1]:.4f} "
+                f"{tokens / trained:,.0f} tok/s"
             )
         if done % run.per_epoch == 0 or late or done == run.steps:
-            result = evaluate_dev(run.task, model, run.dev, run.dev_f, config)
+            result, details = run.task.evaluate_with_details(model, run.dev)
             model.train()
             evals.append({"step": done, "seconds": trained, **result})
             if not best or result[key] > best["metrics"][key]:
-                best = {"step": done, "metrics": result, "state": copy.deepcopy(model.state_dict())}
+                best = {"step": done, "metrics": result, "details": details}
         if late:
             break
-    if progress:
-        print()
+    if status is not None:
+        status.close()
     out: dict[str, Any] = {
         "steps": done,
         "planned_steps": run.steps,
@@ -123,9 +113,8 @@ def _run_transformers(
         "evaluations": evals,
         "losses": losses,
     }
-    if config.task == "tag":
-        model.load_state_dict(best["state"])
-        out["dev_full"] = run.task.evaluate_full(model, run.dev, run.dev_f, config.eval_batch_size)
+    if best["details"] is not None:  # e.g. the per-type table of entities, best model's
+        out["dev_full"] = best["details"]
     return out
 
 
@@ -178,8 +167,8 @@ def bench_finetune(config: FinetuneConfig, seconds: float, progress: bool = True
     }
     started = time.perf_counter()
     run = prepare(config, progress)  # the data is read and encoded once, for both sides
-    key = report["main_metric"] = main_metric(config, run.train_data)
-    hf = _transformers_model(config, run.model)  # a copy of the starting weights
+    key = report["main_metric"] = run.task.main_metric
+    hf = _transformers_model(run)  # a copy of the starting weights
     report["transformers"] = t = _run_transformers(config, run, hf, key, seconds, progress)
     del hf
     report["bertlab"] = b = _run_bertlab(config, run, seconds, progress)

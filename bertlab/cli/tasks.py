@@ -4,7 +4,6 @@ verbs of the command line (``bertlab.cli.main`` holds the others, and ``main``).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -91,7 +90,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
 
 
 def cmd_finetune(args: argparse.Namespace) -> int:
-    from bertlab.train.finetune import FinetuneConfig, finetune
+    from bertlab.train.finetune import FinetuneConfig, TrainingInterrupted, finetune, resume_command
 
     names = (
         "train",
@@ -118,9 +117,23 @@ def cmd_finetune(args: argparse.Namespace) -> int:
         "dev_articles",
     )
     config = FinetuneConfig(task=args.task, **{n: getattr(args, n) for n in names})
-    r = finetune(config, args.output, overwrite=args.overwrite)
+    try:
+        r = finetune(config, args.output, overwrite=args.overwrite, resume=args.resume)
+    except TrainingInterrupted as e:
+        print(
+            f"\nstopped at step {e.step}, saved in {e.checkpoint}; continue with:\n"
+            f"  {resume_command(config, args.output)}",
+            file=sys.stderr,
+        )
+        return 130  # as a shell reports a program ended by Ctrl-C
+    except KeyboardInterrupt:  # outside the training loop (reading the data, saving)
+        print("\ninterrupted before training started or after it ended", file=sys.stderr)
+        return 130
     where = Path(args.output) / "model"
-    print(f"done in {r['seconds']:.0f}s, {r['steps']} steps; model in {where}")
+    print(
+        f"done: {r['steps']} steps, {r['seconds']:.0f} s of training (+ {r['eval_seconds']:.0f} s "
+        f"evaluating; {r['wall_seconds']:.0f} s in all); model in {where}"
+    )
     if r["dev"]:
         print(
             f"dev (best, step {r['best_step']}): "
@@ -134,8 +147,11 @@ def cmd_finetune(args: argparse.Namespace) -> int:
 
 
 def _inputs(args: argparse.Namespace) -> list:
-    """Texts from the arguments, else --file, else standard input; one per line. For answer:
-    a JSON object {"question", "context"} per line, or a question with --context."""
+    """Texts from the arguments, else --file, else standard input; one per line, each read by
+    the pipeline (answer: a JSON object {"question", "context"} per line, or a question with
+    --context)."""
+    from bertlab.pipelines import PIPELINES
+
     if args.text:
         lines = list(args.text)
     elif args.file:
@@ -145,83 +161,27 @@ def _inputs(args: argparse.Namespace) -> list:
     lines = [x for x in lines if x.strip()]
     if not lines:
         raise ValueError("no input: give texts as arguments, --file FILE, or lines on stdin")
-    if args.task != "answer":
-        return lines
-    items = []
-    for n, line in enumerate(lines, 1):
-        if args.context is not None:
-            items.append({"question": line, "context": args.context})
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError:
-            obj = None
-        if not isinstance(obj, dict) or not {"question", "context"} <= set(obj):
-            raise ValueError(
-                f"answer input line {n}: a JSON object with question and context "
-                "is expected (or pass --context)"
-            )
-        items.append(obj)
-    return items
+    parse = PIPELINES[args.task].parse
+    return [parse(line, n, context=args.context) for n, line in enumerate(lines, 1)]
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
     from bertlab.pipelines import pipeline
 
-    items = _inputs(args)
+    items = _inputs(args)  # read and checked before the model is loaded
     pipe = pipeline(args.task, args.model, args.device, args.batch_size)
-    k = args.top_k
-    if args.task == "embed":
-        outputs = pipe(items, pooling=args.pooling, normalize=not args.no_normalize).tolist()
-    elif args.task == "classify":
-        outputs = pipe(items, [args.pair] * len(items) if args.pair else None, top_k=k or 1)
-    elif args.task == "tag":
-        outputs = pipe(items)
-    elif args.task == "fill-mask":
-        outputs = pipe(items, top_k=k or 5)
-    else:
-        outputs = [
-            pipe(
-                x["question"],
-                x["context"],
-                top_k=k or 1,
-                max_answer_length=args.max_answer_length,
-                allow_no_answer=args.allow_no_answer,
-            )
-            for x in items
-        ]
+    outputs = pipe.run(
+        items,
+        top_k=args.top_k,
+        pair=args.pair,
+        max_answer_length=args.max_answer_length,
+        allow_no_answer=args.allow_no_answer,
+        pooling=args.pooling,
+        normalize=not args.no_normalize,
+    )
+    line = pipe.json_line if args.json else pipe.text
     for item, result in zip(items, outputs, strict=True):
-        if args.json:
-            print(json.dumps({"input": item, "output": result}, ensure_ascii=False))
-        elif args.task == "embed":
-            print(
-                f"{item}\t[{', '.join(f'{x:+.4f}' for x in result[:6])}, ...] ({len(result)} dims)"
-            )
-        elif args.task == "tag":
-            shown = "; ".join(
-                f"{e['entity']} {e['text']!r} [{e['start']}:{e['end']}] {e['score']:.3f}"
-                for e in result
-            )
-            print(f"{item}\t{shown or '(no entities)'}")
-        elif args.task == "answer":
-            best = result[0] if isinstance(result, list) else result
-            print(
-                f"{item['question']}\t{best['answer']!r} [{best['start']}:{best['end']}] "
-                f"{best['score']:.3f}"
-            )
-        elif args.task == "fill-mask":
-            masks = result if result and isinstance(result[0], list) else [result]
-            shown = " | ".join(
-                ", ".join(f"{c['token']} {c['score']:.3f}" for c in m) for m in masks
-            )
-            print(f"{item}\t{shown}")
-        else:
-            shown = (
-                ", ".join(f"{c['label']} {c['score']:.3f}" for c in result)
-                if isinstance(result, list)
-                else f"{result['value']:.4f}"
-            )
-            print(f"{item}\t{shown}")
+        print(line(item, result))
     return 0
 
 
@@ -289,7 +249,12 @@ def add_task_parsers(sub: argparse._SubParsersAction) -> None:
     ft.add_argument("--weight-decay", type=float, default=0.01)
     ft.add_argument("--max-length", type=int, help="tokens (default 128; qa 384)")
     ft.add_argument("--max-train-examples", type=int, help="a random subset of the training set")
-    ft.add_argument("--max-seconds", type=float, help="training-time budget")
+    ft.add_argument(
+        "--max-seconds",
+        type=float,
+        help="a budget of training seconds; the learning-rate schedule is planned to the steps "
+        "that fit. Reading the data and dev evaluations are not counted",
+    )
     ft.add_argument("--seed", type=int, default=0)
     ft.add_argument(
         "--dropout", type=float, help="hidden and attention dropout (default: the model's)"
@@ -308,7 +273,8 @@ def add_task_parsers(sub: argparse._SubParsersAction) -> None:
         default=0,
         help="qa: hold out the last N articles of --train for evaluation",
     )
-    ft.add_argument("--overwrite", action="store_true")
+    ft.add_argument("--resume", action="store_true", help="continue the stopped run in --output")
+    ft.add_argument("--overwrite", action="store_true", help="replace the run in --output")
     ft.set_defaults(func=cmd_finetune)
 
     pr = sub.add_parser("predict", help="fill-mask, embed, classify, tag or answer")

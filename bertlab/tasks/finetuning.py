@@ -1,39 +1,67 @@
-"""Fine-tuning objectives: classify, tag, answer. One object per task, for bertlab.train.loop.
+"""What every fine-tuning task shares: the base of ``classify.py``, ``tag.py`` and ``qa.py``.
 
-Each task object turns features (``bertlab.data.classification`` / ``.tagging`` / ``.squad``)
-into padded batches (``collate``), a batch into a loss and metrics (``__call__``: the model's own
-loss, the one transformers computes too), and a model into its dev-set figures (``evaluate``:
-the metric the field reports, from ``bertlab.metrics``). With several processes every rank's
-batch has the same size, so a rank's loss is its share of the mean divided by the world size.
+A task object owns everything particular to its task, so that ``bertlab.train.finetune`` and
+``bertlab.bench.finetune`` never ask which task they run:
+
+    Task.read(config, tokenizer) -> (task, train Split, dev Split or None, report)
+        read, check and encode its files (``bertlab.data.classification`` / ``.tagging`` /
+        ``.squad``); the task object is built from what the training file holds (its labels)
+    Task.check(config)                          refuse settings the task cannot use
+    task.build_model(directory, **overrides)    its model class with a fresh head
+    task.collate(features) -> batch             padded tensors with the task's targets
+    task(model, batch) -> (loss, metrics)       the model's own loss (transformers' too)
+    task.evaluate(model, dev) -> metrics        the figures the field reports (bertlab.metrics)
+    task.main_metric                            the figure that picks the best model
+    task.evaluate_with_details(model, dev)      the figures and a fuller report, if any
+    task.hf_class                               transformers' class, for the side-by-side bench
+
+``evaluate`` runs on the model's own device, ``eval_batch_size`` features at a time. With
+several processes every rank's batch has the same size, so a rank's loss is its share of the
+mean divided by the world size. The run's settings come as a ``FinetuneConfig``
+(``bertlab.train.finetune``), read by attribute; this package never imports the training side.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-from bertlab import metrics as M
 from bertlab.data.batch import pad
-from bertlab.data.squad import SquadData, best_answers
-from bertlab.data.tagging import TaggingData, word_predictions
 from bertlab.distributed import world
-from bertlab.nn.losses import IGNORE_INDEX
+from bertlab.tokenizer import BertTokenizer
+
+
+@dataclass(frozen=True)
+class Split:
+    """One file's examples as read (``source``: the task's data object) and as encoded
+    (``features``: one unpadded dict of lists per model input)."""
+
+    source: Any
+    features: list[dict[str, Any]]
 
 
 def _inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: batch[k] for k in ("input_ids", "token_type_ids", "attention_mask")}
 
 
-def _predict(
-    model: nn.Module, features: list[dict], batch_size: int, device: str, read: Any
+def model_device(model: nn.Module) -> torch.device:
+    """Where ``model`` lives (the CPU for a model without parameters)."""
+    first = next(model.parameters(), None)
+    return first.device if first is not None else torch.device("cpu")
+
+
+def run_model(
+    model: nn.Module, features: list[dict], batch_size: int, read: Callable[[Any, dict], list]
 ) -> list:
-    """Run ``model`` over ``features`` in batches (no gradients); ``read(output, batch)`` ->
-    a list of per-feature results."""
+    """Run ``model`` over ``features`` in batches, in eval mode and without gradients, on the
+    model's device; ``read(output, batch)`` -> a list of per-feature results."""
     results: list = []
     was = model.training
+    device = model_device(model)
     model.eval()
     with torch.no_grad():
         for i in range(0, len(features), batch_size):
@@ -43,191 +71,49 @@ def _predict(
     return results
 
 
-class _Task:
-    def __call__(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple:
+class FinetuneTask:
+    """The base: the loss step of the protocol, and what a task declares about itself."""
+
+    name: ClassVar[str]  # the command-line name: bertlab finetune NAME
+    hf_class: ClassVar[str]  # transformers' model class of the task
+    model_class: ClassVar[type[nn.Module]]
+    default_length: ClassVar[int] = 128  # tokens per sequence unless --max-length says
+    main_metric: str = "accuracy"
+    eval_batch_size: int = 64
+
+    @classmethod
+    def check(cls, config: Any) -> None:
+        """Refuse settings this task cannot use, before any data is read."""
+        if config.dev_articles:
+            raise ValueError("dev_articles holds out SQuAD articles: it is for the qa task")
+
+    @classmethod
+    def read(
+        cls, config: Any, tokenizer: BertTokenizer
+    ) -> tuple[FinetuneTask, Split, Split | None, dict[str, Any]]:
+        """Read, check and encode the config's files: (the task, the training split, the dev
+        split or None, a report of what was found)."""
+        raise NotImplementedError
+
+    def __call__(
+        self, model: nn.Module, batch: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
         out = model(**batch)
         return out.loss, {"loss": out.loss.detach() / world()[1]}
 
-
-class ClassificationTask(_Task):
-    """Single-label classification (cross-entropy) or regression (mean squared error)."""
-
-    def __init__(self, label_names: list[str] | None):
-        self.label_names = label_names
-
     def collate(self, features: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        batch = pad(features)
-        dtype = torch.float if self.label_names is None else torch.long
-        batch["labels"] = torch.tensor([f["labels"] for f in features], dtype=dtype)
-        return batch
+        raise NotImplementedError
 
-    def predict(
-        self, model: nn.Module, features: list[dict], batch_size: int = 64, device: str = "cpu"
-    ) -> torch.Tensor:
-        """(N, num_labels) logits, or (N,) values for regression."""
-        rows = _predict(
-            model, features, batch_size, device, lambda out, _: list(out.logits.float().cpu())
-        )
-        logits = torch.stack(rows)
-        return logits.squeeze(-1) if self.label_names is None else logits
+    def build_model(self, directory: Any, **overrides: Any) -> nn.Module:
+        """The starting model: the encoder of ``directory`` and a fresh head for this task."""
+        return self.model_class.from_pretrained(directory, **overrides)
 
-    def evaluate(
-        self, model: nn.Module, features: list[dict], batch_size: int = 64, device: str = "cpu"
-    ) -> dict[str, float]:
-        gold = [f["labels"] for f in features]
-        out = self.predict(model, features, batch_size, device)
-        if self.label_names is None:
-            values = out.tolist()
-            mse = sum((p - g) ** 2 for p, g in zip(values, gold, strict=True)) / len(gold)
-            return {
-                "pearson": M.pearson(values, gold),
-                "spearman": M.spearman(values, gold),
-                "mse": mse,
-            }
-        preds = out.argmax(-1).tolist()
-        result = {"accuracy": M.accuracy(preds, gold), "mcc": M.matthews_corrcoef(preds, gold)}
-        if len(self.label_names) == 2:
-            result["f1"] = M.f1(preds, gold)
-        else:
-            result["macro_f1"] = M.f1(preds, gold, average="macro")
-        return result
+    def evaluate(self, model: nn.Module, data: Split) -> dict[str, float]:
+        raise NotImplementedError
 
-
-class TaggingTask(_Task):
-    """One label per word piece (-100 on all but each word's first piece); evaluated on whole
-    entities by the conlleval rules."""
-
-    def __init__(self, label_names: list[str]):
-        self.label_names = label_names
-
-    def collate(self, features: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        batch = pad(features)
-        labels = torch.full(batch["input_ids"].shape, IGNORE_INDEX, dtype=torch.long)
-        for r, f in enumerate(features):
-            labels[r, : len(f["labels"])] = torch.tensor(f["labels"])
-        batch["labels"] = labels
-        return batch
-
-    def predict_tags(
-        self,
-        model: nn.Module,
-        data: TaggingData,
-        features: list[dict],
-        batch_size: int = 64,
-        device: str = "cpu",
-    ) -> list[list[str]]:
-        """One predicted tag per word of every sentence."""
-
-        def read(out, batch) -> list:
-            ids = out.logits.argmax(-1).cpu()
-            lengths = batch["attention_mask"].sum(1).tolist()
-            return [ids[r, :n].tolist() for r, n in enumerate(lengths)]
-
-        pieces = _predict(model, features, batch_size, device, read)
-        names = self.label_names
-        return [
-            word_predictions(f["word_ids"], [names[i] for i in p], len(words))
-            for f, p, words in zip(features, pieces, data.words, strict=True)
-        ]
-
-    def evaluate_full(
-        self,
-        model: nn.Module,
-        data: TaggingData,
-        features: list[dict],
-        batch_size: int = 64,
-        device: str = "cpu",
-    ) -> dict[str, Any]:
-        return M.conlleval(data.tags, self.predict_tags(model, data, features, batch_size, device))
-
-    def evaluate(
-        self,
-        model: nn.Module,
-        data: TaggingData,
-        features: list[dict],
-        batch_size: int = 64,
-        device: str = "cpu",
-    ) -> dict[str, float]:
-        r = self.evaluate_full(model, data, features, batch_size, device)
-        return {k: r[k] for k in ("f1", "precision", "recall", "accuracy")}
-
-
-class QuestionAnsweringTask(_Task):
-    """Start and end of the answer span (cross-entropy on each, averaged); evaluated by SQuAD
-    exact match and F1 over the best span of all an example's windows."""
-
-    def __init__(
-        self, n_best: int = 20, max_answer_length: int = 30, null_threshold: float | None = None
-    ):
-        self.n_best, self.max_answer_length = n_best, max_answer_length
-        self.null_threshold = null_threshold
-
-    def collate(self, features: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        batch = pad(features)
-        for key in ("start_positions", "end_positions"):
-            batch[key] = torch.tensor([f[key] for f in features], dtype=torch.long)
-        return batch
-
-    def answers(
-        self,
-        model: nn.Module,
-        data: SquadData,
-        features: list[dict],
-        batch_size: int = 64,
-        device: str = "cpu",
-        null_threshold: float | None = None,
-    ) -> dict[str, dict]:
-        """The best answer of every question (``best_answers``); ``null_threshold``: the
-        task's own unless given."""
-
-        def read(out, _batch) -> list:
-            s, e = out.start_logits.float().cpu(), out.end_logits.float().cpu()
-            return list(zip(s, e, strict=True))
-
-        rows = _predict(model, features, batch_size, device, read)
-        T = max(len(f["input_ids"]) for f in features)
-        start = torch.full((len(rows), T), float("-inf"))
-        end = torch.full((len(rows), T), float("-inf"))
-        for w, (s, e) in enumerate(rows):
-            start[w, : len(s)], end[w, : len(e)] = s, e
-        return best_answers(
-            data,
-            features,
-            start,
-            end,
-            n_best=self.n_best,
-            max_answer_length=self.max_answer_length,
-            null_threshold=null_threshold if null_threshold is not None else self.null_threshold,
-        )
-
-    def evaluate(
-        self,
-        model: nn.Module,
-        data: SquadData,
-        features: list[dict],
-        batch_size: int = 64,
-        device: str = "cpu",
-    ) -> dict[str, float]:
-        """SQuAD EM and F1. With unanswerable questions (SQuAD 2.0) the model abstains where
-        the [CLS] score beats the best span's by more than ``null_threshold`` (0 unless given,
-        as the original recipe), the scores are also given per kind, and ``best_f1`` /
-        ``best_exact_match`` are those at the best threshold, as the official script reports."""
-        gold = {e.id: e.answers for e in data.examples}
-        v2 = any(not a for a in gold.values())
-        threshold = self.null_threshold
-        if v2 and threshold is None:
-            threshold = 0.0
-        answers = self.answers(model, data, features, batch_size, device, threshold)
-        r = M.squad({q: a["text"] for q, a in answers.items()}, gold)
-        result = {k: float(v) for k, v in r.items() if not k.endswith("total")}
-        if v2:
-            spans = {q: a["n_best"][0]["text"] if a["n_best"] else "" for q, a in answers.items()}
-            margin = {
-                q: a["null_score"] - (a["n_best"][0]["score"] if a["n_best"] else float("-inf"))
-                for q, a in answers.items()
-            }
-            for metric in ("exact_match", "f1"):
-                threshold, score = M.best_no_answer_threshold(spans, gold, margin, metric)
-                result[f"best_{metric}"] = score
-                result[f"best_{metric}_threshold"] = threshold
-        return result
+    def evaluate_with_details(
+        self, model: nn.Module, data: Split
+    ) -> tuple[dict[str, float], dict[str, Any] | None]:
+        """``evaluate``'s figures and, from the same predictions, a fuller report where the task
+        has one (entities: the per-type table), else None."""
+        return self.evaluate(model, data), None

@@ -5,14 +5,22 @@
     bertlab finetune qa --train squad.json --dev-articles 2 -o runs/squad
 
 The starting point is any bertlab or Hugging Face BERT folder (the bundled checkpoint by
-default); its encoder is kept and a fresh head is added (``bertlab.nn.heads``). The data is read and
-checked first (``bertlab.data.classification``, ``.tagging``, ``.squad``: columns and labels
-detected and reported, bad rows named), then the loop of ``bertlab.train.loop`` runs with the task's
-objective (``bertlab.tasks.finetuning``), evaluating on the dev set after every epoch (and when
-a ``max_seconds`` budget runs out) and keeping the best model. The run folder gets
-``metrics.jsonl``, ``curves.png``, ``results.json`` (the dev figures of the best evaluation, with
-the per-type table for entities) and ``model/``: the best model in the Hugging Face layout with
-its label names in ``config.json``, and the tokenizer.
+default); its encoder is kept and a fresh head is added. Everything particular to a task (its
+files, its model class, its metric) is its task object's (``bertlab.tasks``: ``TASKS`` below);
+this module only runs them: the data is read and checked first (columns and labels detected and
+reported, bad rows named), then the loop of ``bertlab.train.loop`` runs, evaluating on the dev
+set after every epoch (and when a ``max_seconds`` budget runs out) and keeping the best model.
+
+``max_seconds`` counts training time only: reading and encoding the data and the dev
+evaluations are not charged to it. The loop plans the learning-rate schedule (warm-up, then
+decay to zero) to the steps that fit in the budget.
+
+A run stopped by Ctrl-C or SIGTERM leaves a checkpoint; ``resume=True`` (``--resume``) continues
+it exactly: same batches in the same order, same random states, same final weights as a run
+never stopped. The run folder gets ``run.json`` (the settings, which a resume must repeat),
+``metrics.jsonl``, ``curves.png``, ``results.json`` (the dev figures of the best evaluation,
+with the per-type table for entities) and ``model/``: the best model in the Hugging Face layout
+with its label names in ``config.json``, and the tokenizer.
 """
 
 from __future__ import annotations
@@ -22,25 +30,44 @@ import logging
 import math
 import random
 import shutil
+import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from bertlab.files import resolve_model_dir
-from bertlab.nn.heads import (
-    BertForQuestionAnswering,
-    BertForSequenceClassification,
-    BertForTokenClassification,
-)
+from bertlab.tasks.classify import ClassificationTask
+from bertlab.tasks.finetuning import FinetuneTask, Split
+from bertlab.tasks.qa import QuestionAnsweringTask
+from bertlab.tasks.tag import TaggingTask
 from bertlab.tokenizer import BertTokenizer
 from bertlab.train.loop import CHECKPOINT, TrainConfig, train
 
+try:
+    from bertlab.train.loop import TrainingInterrupted
+except ImportError:  # a loop that returns after a signal instead of raising: a stand-in
+    _LOOP_RAISES = False
+
+    class TrainingInterrupted(KeyboardInterrupt):  # type: ignore[no-redef]
+        """The run stopped on a signal after saving ``checkpoint`` at ``step``."""
+
+        def __init__(self, step: int, checkpoint: Path):
+            super().__init__(f"stopped at step {step}; checkpoint {checkpoint}")
+            self.step, self.checkpoint = step, checkpoint
+else:
+    _LOOP_RAISES = True
+
 logger = logging.getLogger("bertlab")
-TASKS = ("classify", "tag", "qa")
-MAIN_METRIC = {"classify": "accuracy", "tag": "f1", "qa": "f1"}
+TASKS: dict[str, type[FinetuneTask]] = {
+    "classify": ClassificationTask,
+    "tag": TaggingTask,
+    "qa": QuestionAnsweringTask,
+}
+RUN_FILE = "run.json"  # the settings of a run folder; --resume must repeat them
+BEST_FILE = "best.json"  # the best evaluation so far, while a run is under way
 
 
 @dataclass(frozen=True)
@@ -54,9 +81,9 @@ class FinetuneConfig:
     lr: float = 5e-5
     warmup_ratio: float = 0.1
     weight_decay: float = 0.01
-    max_length: int | None = None  # default: 128 (classify, tag), 384 (qa)
+    max_length: int | None = None  # default: the task's (128; qa 384)
     max_train_examples: int | None = None  # a random subset of the training data
-    max_seconds: float | None = None  # a training-time budget
+    max_seconds: float | None = None  # a budget of training seconds (see the module docstring)
     seed: int = 0
     dropout: float | None = None  # hidden and attention dropout (default: the model's own)
     precision: str = "float32"
@@ -84,109 +111,16 @@ class FinetuneConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_train_examples is not None and self.max_train_examples < 1:
             raise ValueError(f"max_train_examples must be >= 1, got {self.max_train_examples}")
+        if self.max_seconds is not None and not self.max_seconds > 0:
+            raise ValueError(f"max_seconds must be > 0, got {self.max_seconds}")
         if self.dropout is not None and not 0 <= self.dropout < 1:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-        if self.dev_articles and self.task != "qa":
-            raise ValueError("dev_articles holds out SQuAD articles: it is for the qa task")
+        TASKS[self.task].check(self)
 
     @property
     def length(self) -> int:
-        return self.max_length or (384 if self.task == "qa" else 128)
-
-
-def _data(config: FinetuneConfig, tokenizer: BertTokenizer) -> tuple[Any, Any, list, list, dict]:
-    """(train data, dev data or None, train features, dev features, report)."""
-    report: dict[str, Any] = {}
-    L = config.length
-    if config.task == "classify":
-        from bertlab.data.classification import encode_classification, read_classification
-
-        train_data = read_classification(
-            config.train,
-            text_column=config.text_column,
-            pair_column=config.pair_column,
-            label_column=config.label_column,
-        )
-        dev = read_classification(config.dev, like=train_data) if config.dev else None
-        train_f, cut = encode_classification(tokenizer, train_data, L)
-        report["train_truncated"] = cut
-        dev_f = encode_classification(tokenizer, dev, L)[0] if dev else []
-    elif config.task == "tag":
-        from bertlab.data.tagging import encode_tagging, read_conll
-
-        train_data = read_conll(config.train)
-        dev = read_conll(config.dev, like=train_data) if config.dev else None
-        train_f, cut = encode_tagging(tokenizer, train_data, L)
-        report["train_words_cut"] = cut
-        dev_f = []
-        if dev:
-            dev_f, cut = encode_tagging(tokenizer, dev, L)
-            report["dev_words_cut"] = cut  # predicted "O": the metric still counts them
-    else:
-        from bertlab.data.squad import encode_squad, read_squad
-
-        train_data = read_squad(config.train)
-        dev = read_squad(config.dev) if config.dev else None
-        if config.dev_articles:
-            titles = list(dict.fromkeys(e.title for e in train_data.examples))
-            if config.dev_articles >= len(titles):
-                raise ValueError(
-                    f"dev_articles {config.dev_articles} leaves no article to train "
-                    f"on: {config.train} has {len(titles)}"
-                )
-            held = set(titles[-config.dev_articles :])
-            dev = read_squad(config.train, titles=held)
-            train_data = read_squad(config.train, titles=set(titles) - held)
-            report["dev_articles"] = sorted(held)
-        kw = dict(
-            max_length=L, doc_stride=config.doc_stride, max_query_length=config.max_query_length
-        )
-        train_f = encode_squad(tokenizer, train_data, **kw)
-        dev_f = encode_squad(tokenizer, dev, training=False, **kw) if dev else []
-        report["train_mismatched_answers"] = len(train_data.mismatched)
-        report["train_windows"] = len(train_f)
-    if not train_f:
-        raise ValueError(f"{config.train}: no training examples left after reading")
-    report["train"] = train_data.describe()
-    if dev is not None:
-        report["dev"] = dev.describe()
-    return train_data, dev, train_f, dev_f, report
-
-
-def _model(config: FinetuneConfig, train_data: Any):
-    directory = resolve_model_dir(config.model)
-    kw: dict[str, Any] = {}
-    if config.dropout is not None:
-        kw = dict(hidden_dropout_prob=config.dropout, attention_probs_dropout_prob=config.dropout)
-    if config.task == "classify":
-        if train_data.regression:
-            return BertForSequenceClassification.from_pretrained(
-                directory, num_labels=1, problem_type="regression", **kw
-            )
-        labels = dict(enumerate(train_data.label_names))
-        kw["problem_type"] = "single_label_classification"
-        return BertForSequenceClassification.from_pretrained(directory, id2label=labels, **kw)
-    if config.task == "tag":
-        return BertForTokenClassification.from_pretrained(
-            directory, id2label=dict(enumerate(train_data.label_names)), **kw
-        )
-    return BertForQuestionAnswering.from_pretrained(directory, **kw)
-
-
-def _task(config: FinetuneConfig, train_data: Any):
-    from bertlab.tasks.finetuning import ClassificationTask, QuestionAnsweringTask, TaggingTask
-
-    if config.task == "classify":
-        return ClassificationTask(train_data.label_names)
-    if config.task == "tag":
-        return TaggingTask(train_data.label_names)
-    return QuestionAnsweringTask(max_answer_length=config.max_answer_length)
-
-
-def evaluate_dev(task: Any, model, dev: Any, dev_f: list, config: FinetuneConfig) -> dict:
-    """The task's dev figures for ``model`` (any model whose outputs carry the logits)."""
-    args = (model, dev_f) if config.task == "classify" else (model, dev, dev_f)
-    return task.evaluate(*args, batch_size=config.eval_batch_size, device=config.device)
+        """Tokens per sequence: --max-length, else the task's default."""
+        return self.max_length or TASKS[self.task].default_length
 
 
 @dataclass
@@ -194,21 +128,21 @@ class Prepared:
     """Everything a fine-tuning run needs before its first step, built from a config alone."""
 
     tokenizer: BertTokenizer
-    train_data: Any
-    dev: Any
-    train_f: list
-    dev_f: list
+    task: FinetuneTask
+    train: Split
+    dev: Split | None
     report: dict
     model: torch.nn.Module  # the starting weights, with the fresh head drawn from the seed
-    task: Any
-    per_epoch: int  # steps in one pass over train_f
+    per_epoch: int  # steps in one pass over the training features
     steps: int  # steps planned for config.epochs
 
     def batches(self, batch_size: int, seed: int):
         """``data(step, micro)`` -> the padded batch of ``step``: a fresh order every epoch,
-        drawn from the seed alone, so any loop given it sees the same batches."""
+        drawn from the seed alone, so any loop given it (a resumed one too) sees the same
+        batches."""
         orders: dict[int, list[int]] = {}
-        n = len(self.train_f)
+        features = self.train.features
+        n = len(features)
 
         def data(step: int, micro: int = 0) -> dict[str, torch.Tensor]:
             epoch, k = divmod(step, self.per_epoch)
@@ -216,45 +150,64 @@ class Prepared:
                 orders.clear()
                 orders[epoch] = random.Random(seed * 1000 + epoch).sample(range(n), n)
             rows = orders[epoch][k * batch_size : (k + 1) * batch_size]
-            return self.task.collate([self.train_f[i] for i in rows])
+            return self.task.collate([features[i] for i in rows])
 
         return data
 
 
 def prepare(config: FinetuneConfig, progress: bool = False) -> Prepared:
-    """Read and check the data, encode it, and build the starting model and the task."""
+    """Read and check the data, encode it, and build the task and the starting model."""
     directory = resolve_model_dir(config.model)
     tokenizer = BertTokenizer.from_pretrained(directory)
-    train_data, dev, train_f, dev_f, report = _data(config, tokenizer)
+    task, train_split, dev, report = TASKS[config.task].read(config, tokenizer)
+    if not train_split.features:
+        raise ValueError(f"{config.train}: no training examples left after reading")
+    report["train"] = train_split.source.describe()
+    if dev is not None:
+        report["dev"] = dev.source.describe()
     for line in (report["train"], report.get("dev")):
         if line and progress:
             print(line)
-    rng = random.Random(config.seed)
-    if config.max_train_examples and config.max_train_examples < len(train_f):
-        train_f = rng.sample(train_f, config.max_train_examples)
-    torch.manual_seed(config.seed)
-    model = _model(config, train_data)
-    per_epoch = math.ceil(len(train_f) / config.batch_size)
+    features = train_split.features
+    if config.max_train_examples and config.max_train_examples < len(features):
+        features = random.Random(config.seed).sample(features, config.max_train_examples)
+        train_split = Split(train_split.source, features)
+    overrides: dict[str, Any] = {}
+    if config.dropout is not None:
+        overrides = dict(
+            hidden_dropout_prob=config.dropout, attention_probs_dropout_prob=config.dropout
+        )
+    torch.manual_seed(config.seed)  # the fresh head follows the seed
+    model = task.build_model(directory, **overrides)
+    per_epoch = math.ceil(len(features) / config.batch_size)
     steps = max(1, math.ceil(config.epochs * per_epoch))
-    return Prepared(
-        tokenizer,
-        train_data,
-        dev,
-        train_f,
-        dev_f,
-        report,
-        model,
-        _task(config, train_data),
-        per_epoch,
-        steps,
-    )
+    return Prepared(tokenizer, task, train_split, dev, report, model, per_epoch, steps)
 
 
-def main_metric(config: FinetuneConfig, train_data: Any) -> str:
-    """The dev figure that picks the best model."""
-    if config.task == "classify" and train_data.regression:
-        return "pearson"
-    return MAIN_METRIC[config.task]
+def _check_run_folder(out: Path, settings: dict, resume: bool, overwrite: bool) -> None:
+    """A new run needs an empty folder (or ``overwrite``); a resumed one its checkpoint and
+    the same settings."""
+    if resume:
+        if not (out / CHECKPOINT).exists() and not (out / (CHECKPOINT + ".prev")).exists():
+            raise FileNotFoundError(f"--resume: {out} holds no checkpoint to resume from")
+        if (out / RUN_FILE).is_file():
+            before = json.loads((out / RUN_FILE).read_text("utf-8"))
+            changed = sorted(
+                k for k in set(before) | set(settings) if before.get(k) != settings.get(k)
+            )
+            if changed:
+                raise ValueError(
+                    f"--resume: these settings differ from the run in {out}: "
+                    + ", ".join(f"{k} {before.get(k)!r} -> {settings.get(k)!r}" for k in changed)
+                )
+        return
+    names = ("metrics.jsonl", "model", CHECKPOINT, RUN_FILE)
+    held = [name for name in names if (out / name).exists()]
+    if held and not overwrite:
+        raise FileExistsError(
+            f"{out} already holds a run ({', '.join(held)}): pass --resume to continue it "
+            "or --overwrite to replace it"
+        )
 
 
 def finetune(
@@ -263,58 +216,84 @@ def finetune(
     overwrite: bool = False,
     progress: bool = True,
     prepared: Prepared | None = None,
+    resume: bool = False,
 ) -> dict[str, Any]:
     """Fine-tune; returns the results (also written to ``out_dir/results.json``).
     ``prepared``: the run's pieces from ``prepare(config)``, when the caller already has them
-    (its model is the one trained)."""
+    (its model is the one trained). ``resume``: continue the stopped run in ``out_dir``.
+    Raises ``TrainingInterrupted`` (a ``KeyboardInterrupt``) when a signal stops the run,
+    after its checkpoint is saved."""
+    if resume and overwrite:
+        raise ValueError("pass --resume to continue a run or --overwrite to replace it, not both")
+    started = time.perf_counter()
     out = Path(out_dir)
-    held = [p.name for p in (out / "metrics.jsonl", out / "model", out / CHECKPOINT) if p.exists()]
-    if held and not overwrite:
-        raise FileExistsError(
-            f"{out} already holds a run ({', '.join(held)}): pass --overwrite to replace it"
-        )
+    settings = json.loads(json.dumps(asdict(config)))  # as run.json holds them
+    _check_run_folder(out, settings, resume, overwrite)
     run = prepared or prepare(config, progress)
-    tokenizer, train_data, dev, dev_f = run.tokenizer, run.train_data, run.dev, run.dev_f
-    model, task, per_epoch, steps = run.model, run.task, run.per_epoch, run.steps
+    task, tokenizer, dev, model = run.task, run.tokenizer, run.dev, run.model
     tc = TrainConfig(
         out_dir=str(out),
-        steps=steps,
+        steps=run.steps,
         lr=config.lr,
-        warmup_steps=int(config.warmup_ratio * steps),
+        # A share of the planned steps: with max_seconds the loop scales the whole schedule,
+        # warm-up included, to the steps that fit in the budget.
+        warmup_steps=int(config.warmup_ratio * run.steps),
         weight_decay=config.weight_decay,
         precision=config.precision,
         seed=config.seed,
-        log_every=max(1, min(20, per_epoch // 5)),
+        log_every=max(1, min(20, run.per_epoch // 5)),
         device=config.device,
         max_seconds=config.max_seconds,
-        checkpoints=False,
     )
-    data = run.batches(config.batch_size, config.seed)
     if overwrite:
-        for name in ("metrics.jsonl", CHECKPOINT, CHECKPOINT + ".prev", "results.json"):
+        names = ("metrics.jsonl", CHECKPOINT, CHECKPOINT + ".prev", "results.json", BEST_FILE)
+        for name in (*names, RUN_FILE):
             (out / name).unlink(missing_ok=True)
         for name in ("model", "best"):
             shutil.rmtree(out / name, ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
+    if not resume:
+        (out / RUN_FILE).write_text(json.dumps(settings, indent=2) + "\n", "utf-8")
+    key = task.main_metric
+    # The best evaluation so far (its model is in out/best); a resumed run reads it back.
     best: dict[str, Any] = {}
-    key = main_metric(config, train_data)
+    if resume and (out / BEST_FILE).is_file():
+        best = json.loads((out / BEST_FILE).read_text("utf-8"))
+    spent = {"eval": 0.0}
+    # The loop's status line stays open on a terminal: a dev line must start a line of its own.
+    newline = "\n" if sys.stderr.isatty() else ""
 
-    def evaluate(m, step: int) -> dict[str, float]:
-        result = evaluate_dev(task, m, dev, dev_f, config)
+    def evaluate(m: torch.nn.Module, step: int) -> dict[str, float]:
+        t0 = time.perf_counter()
+        result, details = task.evaluate_with_details(m, dev)
         if not best or result[key] > best["metrics"][key]:
-            best.update(step=step, metrics=result)
+            best.update(step=step, metrics=result, details=details)
             m.save_pretrained(out / "best")  # the best model so far, kept
             tokenizer.save_pretrained(out / "best")
+            (out / BEST_FILE).write_text(json.dumps(best) + "\n", "utf-8")
+        spent["eval"] += time.perf_counter() - t0
         if progress:
             shown = ", ".join(f"{k} {v:.4f}" for k, v in result.items())
-            print(f"\nepoch {step / per_epoch:.2f} (step {step}): dev {shown}")
+            print(f"{newline}epoch {step / run.per_epoch:.2f} (step {step}): dev {shown}")
         return result
 
-    started = time.perf_counter()
+    data = run.batches(config.batch_size, config.seed)
     last = train(
-        model, task, data, tc, evaluate=evaluate if dev is not None else None, eval_every=per_epoch
+        model,
+        task,
+        data,
+        tc,
+        resume=resume,
+        evaluate=evaluate if dev is not None else None,
+        eval_every=run.per_epoch,
     )
-    seconds = time.perf_counter() - started
+    step = int(last.get("step", 0))
+    if not _LOOP_RAISES and step < tc.steps and not last.get("stopped_by_time"):
+        raise TrainingInterrupted(step, out / CHECKPOINT)  # stopped by a signal
+    # A finished run has nothing to resume: its checkpoint (optimiser state included, twice
+    # the model's size) is not kept.
+    for name in (CHECKPOINT, CHECKPOINT + ".prev", BEST_FILE):
+        (out / name).unlink(missing_ok=True)
     final = out / "model"
     shutil.rmtree(final, ignore_errors=True)
     if best:
@@ -326,18 +305,18 @@ def finetune(
         "task": config.task,
         "config": asdict(config),
         "report": run.report,
-        "steps": int(last.get("step", 0)),
-        "planned_steps": steps,
-        "seconds": seconds,
-        "train_examples": len(run.train_f),
+        "steps": step,
+        "planned_steps": run.steps,
+        "seconds": float(last.get("train_seconds", 0.0)),  # what max_seconds counts
+        "eval_seconds": spent["eval"],
+        "wall_seconds": time.perf_counter() - started,
+        "train_examples": len(run.train.features),
+        "main_metric": key,
         "best_step": best.get("step"),
         "dev": best.get("metrics"),
     }
-    if config.task == "tag" and dev is not None:  # the per-type table, from the best model
-        best_model = BertForTokenClassification.from_pretrained(final)
-        results["dev_full"] = task.evaluate_full(
-            best_model, dev, dev_f, config.eval_batch_size, config.device
-        )
+    if best.get("details") is not None:  # e.g. the per-type table of entities, best model's
+        results["dev_full"] = best["details"]
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n", "utf-8")
     try:
         from bertlab.train.curves import plot_run
@@ -346,3 +325,17 @@ def finetune(
     except ValueError as e:  # matplotlib missing: the run stands without its picture
         logger.warning("no curves.png: %s", e)
     return results
+
+
+def resume_command(config: FinetuneConfig, out_dir: str | Path) -> str:
+    """The ``bertlab finetune`` command that continues the run of ``config`` in ``out_dir``:
+    every setting that differs from its default, and ``--resume``."""
+    import shlex
+
+    words = ["bertlab", "finetune", config.task]
+    for f in fields(config):
+        value = getattr(config, f.name)
+        if f.name == "task" or (value == f.default and f.name != "train"):
+            continue
+        words += [f"--{f.name.replace('_', '-')}", str(value)]
+    return shlex.join([*words, "-o", str(out_dir), "--resume"])
