@@ -176,9 +176,8 @@ def test_bench_subcommands_refuse_missing_and_foreign_options(capsys):
     with pytest.raises(SystemExit):
         main(["bench", "pretrain", "--corpus", "c128"])  # --eval-corpus is required
     assert "--eval-corpus" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        main(["bench", "finetune", "warp", "--train", "x"])
-    assert "invalid choice: 'warp'" in capsys.readouterr().err
+    assert main(["bench", "finetune", "warp", "--train", "x"]) == 2
+    assert "one of classify, tag, qa; got warp" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["bench", "pretrain", "--corpus", "a", "--eval-corpus", "b", "--dtypes", "float32"])
     assert "unrecognized arguments: --dtypes float32" in capsys.readouterr().err
@@ -193,6 +192,27 @@ def test_bench_with_no_subcommand_is_bench_speed():
     assert default_subcommand(["bench"]) == ["bench", "speed"]
     for kept in (["bench", "int8"], ["bench", "--help"], ["tokenize", "bench"]):
         assert default_subcommand(kept) == kept
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--dtypes", "float16"], "unknown dtype 'float16'; choose from float32, bfloat16"),
+        (["--models", "/no/such/model"], "no model folder at '/no/such/model'"),
+        (["--models", ""], "give at least one model and one dtype"),
+        (["fixed128", "warp"], "unknown workload 'warp'"),
+    ],
+)
+def test_bench_speed_bad_input_is_named_before_any_run(capsys, monkeypatch, argv, message):
+    import bertlab.bench.speed as speed
+
+    def never(*args, **kwargs):
+        raise AssertionError("a run started")
+
+    monkeypatch.setattr(speed, "bench_model", never)
+    monkeypatch.setattr(speed, "bench_tokenizer", never)
+    code, out, err = run(capsys, "bench", "speed", *argv)
+    assert code == 2 and message in err and out == ""
 
 
 def test_bench_data_folder_without_the_files_is_named(capsys, tmp_path):

@@ -186,8 +186,17 @@ def cmd_bench_finetune(args: argparse.Namespace) -> int:
     from bertlab.bench.finetune import bench_finetune, format_report, plot_finetune
     from bertlab.bench.speed import check_counts, machine
     from bertlab.metrics import format_conlleval
-    from bertlab.train.finetune import FinetuneConfig
+    from bertlab.train.finetune import TASKS, FinetuneConfig
 
+    if args.task not in TASKS:
+        raise ValueError(
+            f"bench finetune takes one task, one of {', '.join(TASKS)}; got {args.task or 'none'}"
+        )
+    if not args.train:
+        raise ValueError("bench finetune needs --train (and --dev, or --dev-articles for qa)")
+    option, model = ("--models", args.models) if args.models else ("--model", args.model)
+    if "," in model:
+        raise ValueError(f"bench finetune starts from one model; got {option} {model}")
     check_counts(threads=args.threads)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -195,7 +204,7 @@ def cmd_bench_finetune(args: argparse.Namespace) -> int:
         task=args.task,
         train=args.train,
         dev=args.dev,
-        model=args.model,
+        model=model,
         epochs=args.epochs,
         batch_size=args.batch_size,
         lr=args.lr,
@@ -314,11 +323,14 @@ def add_bench_parsers(sub: argparse._SubParsersAction) -> None:
     fine = what.add_parser(
         "finetune", help="one fine-tuning run on each side, for the same time budget"
     )
-    fine.add_argument("task", choices=list(TASKS), help="what to fine-tune")
-    fine.add_argument("--train", required=True, help="the training file")
+    # The task and --train are checked by the command, which names what it got.
+    fine.add_argument("task", nargs="?", metavar="{" + ",".join(TASKS) + "}", help="the task")
+    fine.add_argument("--train", help="the training file (required)")
     fine.add_argument("--dev", help="the evaluation file")
     fine.add_argument("--dev-articles", type=int, default=0, help="qa: hold out N articles")
     fine.add_argument("--model", default=BUNDLED_NAMES[0], help="the model both sides start from")
+    # The spelling from before the subcommands, when `bench` took --models for every command.
+    fine.add_argument("--models", help=argparse.SUPPRESS)
     fine.add_argument("--seconds", type=float, default=600, help="training budget per side")
     fine.add_argument("--epochs", type=float, default=3.0, help="the planned schedule")
     fine.add_argument("--batch-size", type=int, default=32, help="examples per step")
