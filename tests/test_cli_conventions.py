@@ -215,6 +215,21 @@ def test_bench_speed_bad_input_is_named_before_any_run(capsys, monkeypatch, argv
     assert code == 2 and message in err and out == ""
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["tokenizer"],
+        ["speed", "latency", "--models", "tiny"],
+        ["pretrain", "--corpus", "c", "--eval-corpus", "e"],
+        ["finetune", "classify", "--train", "t", "--dev", "d"],
+    ],
+)
+def test_bench_without_transformers_says_how_to_install_it(capsys, monkeypatch, argv):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # as if it were not installed
+    code, _, err = run(capsys, "bench", *argv)
+    assert code == 2 and "pip install 'bertlab[bench]'" in err
+
+
 def test_bench_data_folder_without_the_files_is_named(capsys, tmp_path):
     code, out, err = run(capsys, "bench", "tokenizer", "--data", str(tmp_path))
     assert code == 2 and f"--data {tmp_path}: no {tmp_path / 'sst2' / 'train.tsv'}" in err

@@ -281,6 +281,17 @@ def _load_pair(model: str, kind: str, attn: str):
 SHORT_RUN = 0.05  # seconds: a workload whose run is shorter gets ten times the repeats
 
 
+def require_transformers() -> None:
+    """Every benchmark runs transformers beside bertlab: say how to install it, before any work."""
+    import importlib.util
+
+    if importlib.util.find_spec("transformers") is None:
+        raise ValueError(
+            "bertlab bench runs transformers beside bertlab, and it is not installed: "
+            "pip install 'bertlab[bench]' (or pip install transformers)"
+        )
+
+
 def check_counts(**counts: int | None) -> None:
     """Refuse a count below 1 (repeats, draws, threads), naming it; None means not given."""
     for name, n in counts.items():
@@ -520,6 +531,7 @@ def run_suite(
     for folder in folders:
         resolve_model_dir(folder)  # a missing folder is named now, not after an hour of runs
     folder = folders[0] if folders else "default"  # a real checkpoint and its vocabulary
+    require_transformers()
     texts, origin = tokenizer_texts(data) if {"tokenizer", "int8"} & set(workloads) else ([], "")
 
     if threads:

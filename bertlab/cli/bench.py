@@ -150,9 +150,10 @@ def _finish(args: argparse.Namespace, report: dict, draw: Callable[[str], None] 
 
 def cmd_bench_pretrain(args: argparse.Namespace) -> int:
     from bertlab.bench.pretrain import bench_pretrain, plot_pretrain
-    from bertlab.bench.speed import check_counts, machine
+    from bertlab.bench.speed import check_counts, machine, require_transformers
 
     check_counts(steps=args.steps, threads=args.threads)
+    require_transformers()
     if args.threads:
         torch.set_num_threads(args.threads)
     r = bench_pretrain(
@@ -184,7 +185,7 @@ def cmd_bench_pretrain(args: argparse.Namespace) -> int:
 
 def cmd_bench_finetune(args: argparse.Namespace) -> int:
     from bertlab.bench.finetune import bench_finetune, format_report, plot_finetune
-    from bertlab.bench.speed import check_counts, machine
+    from bertlab.bench.speed import check_counts, machine, require_transformers
     from bertlab.metrics import format_conlleval
     from bertlab.train.finetune import TASKS, FinetuneConfig
 
@@ -198,6 +199,7 @@ def cmd_bench_finetune(args: argparse.Namespace) -> int:
     if "," in model:
         raise ValueError(f"bench finetune starts from one model; got {option} {model}")
     check_counts(threads=args.threads)
+    require_transformers()
     if args.threads:
         torch.set_num_threads(args.threads)
     config = FinetuneConfig(
