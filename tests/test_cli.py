@@ -115,24 +115,14 @@ def test_train_vocab_command_writes_a_loadable_vocabulary(capsys, tmp_path):
 def test_bench_tokenizer_reports_both_sides(capsys, tmp_path):
     out_file = tmp_path / "report.json"
     code, out, _ = run(
-        capsys,
-        "bench",
-        "tokenizer",
-        "--data",
-        str(tmp_path / "none"),
-        "--repeats",
-        "1",
-        "--out",
-        str(out_file),
-        "--models",
-        "default",
+        capsys, "bench", "tokenizer", "--repeats", "1", "--out", str(out_file), "--model", "default"
     )
     assert code == 0 and "tokens/s" in out
     import json
 
     report = json.loads(out_file.read_text())["tokenizer"]
     assert report["tokens"] > 1000 and set(report["tokens_per_s"]) == {"bertlab", "transformers"}
-    assert "repository samples" in report["data"]
+    assert "bundled samples" in report["data"]  # no --data: the samples installed with bertlab
 
 
 def test_bench_model_workloads_report_and_chart(capsys, tmp_path):
@@ -203,10 +193,19 @@ def test_bench_unknown_workload_is_named(capsys):
     assert code == 2 and "warp-speed" in err
 
 
-@pytest.mark.parametrize("option", ["--repeats", "--draws", "--threads"])
-def test_bench_counts_below_one_are_refused_before_any_run(capsys, tmp_path, option):
+@pytest.mark.parametrize(
+    "command, option",
+    [
+        ("tokenizer", "--repeats"),
+        ("speed", "--draws"),
+        ("speed", "--threads"),
+        ("int8", "--repeats"),
+        ("int8", "--threads"),
+    ],
+)
+def test_bench_counts_below_one_are_refused_before_any_run(capsys, tmp_path, command, option):
     out_file = tmp_path / "r.json"
-    code, out, err = run(capsys, "bench", "tokenizer", option, "0", "--out", str(out_file))
+    code, out, err = run(capsys, "bench", command, option, "0", "--out", str(out_file))
     assert code == 2 and f"{option[2:]} must be at least 1; got 0" in err
     assert "tokens/s" not in out and not out_file.exists()
 

@@ -14,7 +14,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,23 +59,38 @@ def alternate(runs: dict[str, Callable[[], Any]], repeats: int, warmup: int = 1)
 
 
 # ============================================================================ tokenizer
-def tokenizer_texts(data_dir: Path | None, fixtures: Path) -> tuple[list[str], str]:
-    """Real texts for the tokenizer benchmark: SST-2 sentences, SQuAD contexts and WikiText
-    lines, from the shared data folder when there is one, else from the repository's samples."""
-    if data_dir is not None and (data_dir / "sst2" / "train.tsv").is_file():
-        sst2, squad = data_dir / "sst2" / "train.tsv", data_dir / "squad" / "train-subset-v1.1.json"
-        wiki, repeat = data_dir / "wikitext-2" / "wiki.valid.tokens", 1
-        origin = f"{data_dir}: SST-2 train (first 20,000), SQuAD contexts, WikiText-2 valid"
+SAMPLES = Path(__file__).resolve().parents[1] / "data" / "samples"
+# A --data folder's layout: the files the tokenizer benchmark reads from it.
+DATA_FILES = ("sst2/train.tsv", "squad/train-subset-v1.1.json", "wikitext-2/wiki.valid.tokens")
+
+
+def tokenizer_texts(data_dir: str | os.PathLike | None = None) -> tuple[list[str], str]:
+    """Real texts for the tokenizer and int8 benchmarks: SST-2 sentences, SQuAD contexts and
+    WikiText lines. From ``data_dir`` when given (it must hold ``DATA_FILES``), else from the
+    samples installed with bertlab (``bertlab/data/samples``, sources in its README.md)."""
+    if data_dir is not None:
+        root = Path(data_dir)
+        missing = [name for name in DATA_FILES if not (root / name).is_file()]
+        if missing:
+            raise FileNotFoundError(
+                f"--data {root}: no {root / missing[0]} (a data folder holds "
+                f"{', '.join(DATA_FILES)})"
+            )
+        sst2 = [root / DATA_FILES[0]]
+        squad, wiki = root / DATA_FILES[1], root / DATA_FILES[2]
+        origin = f"{root}: SST-2 train (first 20,000), SQuAD contexts, WikiText-2 valid"
     else:
-        sst2, squad = fixtures / "sst2_sample.tsv", fixtures / "squad_sample.json"
-        wiki, repeat = fixtures / "wikitext2_sample.tokens", 20
-        origin = f"{fixtures} (repository samples, x{repeat})"
-    lines = sst2.read_text(encoding="utf-8").splitlines()[1:20001]
-    texts = [line.split("\t")[0] for line in lines]
+        sst2 = [SAMPLES / "sst2_train.tsv", SAMPLES / "sst2_dev.tsv"]
+        squad, wiki = SAMPLES / "squad_sample.json", SAMPLES / "wikitext2_sample.tokens"
+        origin = "bertlab's bundled samples: SST-2 sentences, SQuAD contexts, WikiText-2 lines"
+    texts = []
+    for path in sst2:  # sentence<TAB>label, a header row
+        lines = path.read_text(encoding="utf-8").splitlines()[1:20001]
+        texts += [line.split("\t")[0] for line in lines]
     articles = json.loads(squad.read_text(encoding="utf-8"))["data"]
     texts += [p["context"] for a in articles for p in a["paragraphs"]]
     texts += [t for t in wiki.read_text(encoding="utf-8").splitlines() if t.strip()]
-    return texts * repeat, origin
+    return texts, origin
 
 
 def bench_tokenizer(
@@ -264,6 +279,17 @@ def _load_pair(model: str, kind: str, attn: str):
 
 
 SHORT_RUN = 0.05  # seconds: a workload whose run is shorter gets ten times the repeats
+
+
+def require_transformers() -> None:
+    """Every benchmark runs transformers beside bertlab: say how to install it, before any work."""
+    import importlib.util
+
+    if importlib.util.find_spec("transformers") is None:
+        raise ValueError(
+            "bertlab bench runs transformers beside bertlab, and it is not installed: "
+            "pip install 'bertlab[bench]' (or pip install transformers)"
+        )
 
 
 def check_counts(**counts: int | None) -> None:
@@ -458,3 +484,77 @@ def markdown_table(report: dict[str, Any]) -> str:
             f"| {u['bertlab']:.0%} / {u['transformers']:.0%} |"
         )
     return "\n".join(lines)
+
+
+# ============================================================================ the suite
+SUITE = ("tokenizer", "int8", *WORKLOADS)
+KERNELS = ("packed", "sdpa", "eager")  # bertlab's side; transformers runs SDPA
+
+
+def run_suite(
+    workloads: Sequence[str] = (),
+    models: Sequence[str] = ("default", "base"),
+    dtypes: Sequence[str] = ("float32", "bfloat16"),
+    *,
+    repeats: int = 5,
+    device: str = "cpu",
+    kernel: str = "packed",
+    draws: int = DRAWS,
+    threads: int | None = None,
+    data: str | os.PathLike | None = None,
+    on_result: Callable[[str, dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Run ``workloads`` (default: all of ``SUITE``) into one report: ``tokenizer`` and
+    ``int8`` on the first model folder of ``models`` (the bundled one if all are presets),
+    every network workload on every model and dtype. Everything is checked before the first
+    run. ``on_result(name, result)`` is called as each result comes ("tokenizer", "int8" or
+    "model"). Ctrl-C stops the runs and returns what was measured, with ``interrupted: True``."""
+    from bertlab.files import resolve_model_dir
+    from bertlab.nn.config import PRESETS
+
+    check_counts(repeats=repeats, draws=draws, threads=threads)
+    workloads = list(workloads) or list(SUITE)
+    for name, given, known in (
+        ("workload", workloads, SUITE),
+        ("dtype", dtypes, tuple(DTYPES)),
+        ("kernel", [kernel], KERNELS),
+        ("device", [device], ("cpu", "cuda")),
+    ):
+        unknown = [x for x in given if x not in known]
+        if unknown:
+            raise ValueError(f"unknown {name} {unknown[0]!r}; choose from {', '.join(known)}")
+    if not models or not dtypes:
+        raise ValueError("give at least one model and one dtype")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: torch sees no CUDA device here")
+    folders = [m for m in models if m not in PRESETS]
+    for folder in folders:
+        resolve_model_dir(folder)  # a missing folder is named now, not after an hour of runs
+    folder = folders[0] if folders else "default"  # a real checkpoint and its vocabulary
+    require_transformers()
+    texts, origin = tokenizer_texts(data) if {"tokenizer", "int8"} & set(workloads) else ([], "")
+
+    if threads:
+        torch.set_num_threads(threads)
+    report: dict[str, Any] = {"machine": machine(), "results": []}
+    report["machine"]["device"] = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    done = on_result or (lambda name, result: None)
+    try:
+        if "tokenizer" in workloads:
+            r = bench_tokenizer(folder, texts, repeats=repeats)
+            report["tokenizer"] = {"data": origin, **r}
+            done("tokenizer", report["tokenizer"])
+        if "int8" in workloads:
+            sample = list(dict.fromkeys(texts))[:1000]
+            r = bench_int8(folder, sample, repeats=repeats)
+            report["int8"] = {"model": folder, "data": origin, **r}
+            done("int8", report["int8"])
+        for model in models:
+            for workload in (w for w in workloads if w in WORKLOADS):
+                for dtype in dtypes:
+                    r = bench_model(model, workload, dtype, repeats, device, kernel, draws)
+                    report["results"].append(r)
+                    done("model", r)
+    except KeyboardInterrupt:
+        report["interrupted"] = True
+    return report

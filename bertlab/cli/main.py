@@ -10,18 +10,21 @@ bertlab pretrain --data DIR -o RUN    masked LM + NSP pre-training (torchrun for
 bertlab plot RUN                      a run's loss and accuracy curves to PNG
 bertlab finetune {classify,tag,qa}    fine-tune on labelled data, evaluate, keep the best
 bertlab predict TASK [TEXT ...]       fill-mask, embed, classify, tag, answer: args, file or stdin
-bertlab bench [WORKLOAD ...]          speed side by side with transformers
+bertlab bench {speed,tokenizer,int8,pretrain,finetune}  side by side with transformers
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import copy
+import os
 import sys
 from pathlib import Path
+from typing import Any, TextIO
 
 import torch
 
+from bertlab.cli.bench import add_bench_parsers, default_subcommand
 from bertlab.cli.tasks import add_task_parsers
 from bertlab.files import BUNDLED_NAMES, resolve_model_dir
 from bertlab.nn.config import PRESETS, resolve_source
@@ -111,13 +114,22 @@ def _demo_finetune(args: argparse.Namespace, directory: Path) -> int:
         f"{result['seconds']:.0f} s; the model is in {out / 'model'}"
     )
     classify = pipeline("classify", str(out / "model"))
-    sentence = args.sentence
-    if sentence is None and sys.stdin.isatty():
-        sentence = input("\nType a sentence to classify (Enter for an example): ").strip()
-    sentence = sentence or DEMO_REVIEW
+    sentence = args.sentence if args.sentence is not None else demo_sentence(sys.stdin)
     best = classify(sentence)[0]
     print(f"{sentence!r} -> {best['label']} ({best['score']:.3f})")
     return 0
+
+
+def demo_sentence(stdin: TextIO | None) -> str:
+    """The sentence the demo classifies when none was given: typed at a terminal, else the first
+    line of standard input (``echo "..." | bertlab demo``); the example when that is empty."""
+    if stdin is None or stdin.closed:
+        return DEMO_REVIEW
+    if stdin.isatty():
+        line = input("\nType a sentence to classify (Enter for an example): ")
+    else:
+        line = stdin.readline()
+    return line.strip() or DEMO_REVIEW
 
 
 # ============================================================================ summary
@@ -260,178 +272,64 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
-# ============================================================================ bench
-def cmd_bench(args: argparse.Namespace) -> int:
-    from bertlab.bench.speed import (
-        WORKLOADS,
-        bench_int8,
-        bench_model,
-        bench_tokenizer,
-        check_counts,
-        machine,
-        plot,
-        tokenizer_texts,
-    )
-
-    check_counts(repeats=args.repeats, draws=args.draws, threads=args.threads)
-    if args.workloads == ["pretrain"]:
-        return _bench_pretrain(args)
-    if args.workloads[:1] == ["finetune"]:
-        return _bench_finetune(args)
-    report: dict = {"machine": machine(), "results": []}
-    workloads = args.workloads or ["tokenizer", "int8", *WORKLOADS]
-    unknown = [w for w in workloads if w not in WORKLOADS and w not in ("tokenizer", "int8")]
-    if unknown:
-        raise ValueError(
-            f"unknown workload {unknown[0]!r}; choose from tokenizer, {', '.join(WORKLOADS)}"
-        )
-    if args.threads:
-        torch.set_num_threads(args.threads)
-        report["machine"]["torch_threads"] = args.threads
-    device = "cuda" if args.device == "cuda" else "cpu"
-    report["machine"]["device"] = torch.cuda.get_device_name() if device == "cuda" else "cpu"
-    root = Path(__file__).resolve().parents[2]
-    data = Path(args.data) if args.data else root.parent / "shared" / "data"
-    texts, origin = tokenizer_texts(data if data.is_dir() else None, root / "tests" / "fixtures")
-    folders = [m for m in args.models.split(",") if m not in PRESETS]
-    folder = folders[0] if folders else "default"  # a real checkpoint and its vocabulary
-    if "tokenizer" in workloads:
-        r = bench_tokenizer(folder, texts, repeats=args.repeats)
-        report["tokenizer"] = {"data": origin, **r}
-        tps = r["tokens_per_s"]
-        print(f"tokenizer  {r['texts']:,} texts ({origin})")
-        print(
-            f"  bertlab {tps['bertlab']:,.0f} tokens/s, transformers "
-            f"{tps['transformers']:,.0f} tokens/s: {r['ratio']:.2f}x"
-        )
-    if "int8" in workloads:
-        sample = list(dict.fromkeys(texts))[:1000]
-        r = bench_int8(folder, sample, repeats=args.repeats)
-        report["int8"] = {"model": folder, "data": origin, **r}
-        print(
-            f"int8 ({folder}, {len(sample)} texts): {r['speedup_over_float32']:.2f}x float32's "
-            f"speed; embeddings' cosine to float32 mean {r['cosine_to_float32']['mean']:.3f} "
-            f"(min {r['cosine_to_float32']['min']:.3f}); nearest neighbour kept "
-            f"{r['nearest_neighbour_agreement']:.0%}"
-        )
-    header = f"{'model':<9}{'workload':<10}{'dtype':<10}{'bertlab tok/s':>14}{'hf tok/s':>11}"
-    header += f"{'ratio':>8}{'peak MB b/hf':>15}{'useful/matmul b/hf':>20}"
-    for model in args.models.split(","):
-        for workload in (w for w in workloads if w in WORKLOADS):
-            for dtype in args.dtypes.split(","):
-                if not report["results"]:
-                    print(header)
-                r = bench_model(
-                    model, workload, dtype, args.repeats, device, args.kernel, args.draws
-                )
-                report["results"].append(r)
-                t, p, u = r["tokens_per_s"], r["peak_memory_mb"], r["useful_share_of_matmul"]
-                print(
-                    f"{model:<9}{workload:<10}{dtype:<10}{t['bertlab']:>14,.0f}"
-                    f"{t['transformers']:>11,.0f}{r['ratio']:>7.2f}x"
-                    f"{p['bertlab']:>8.0f}/{p['transformers']:<6.0f}"
-                    f"{u['bertlab']:>12.0%}/{u['transformers']:.0%}",
-                    flush=True,
-                )
-    _write_outputs(args, report, (lambda path: plot(report, path)) if report["results"] else None)
-    return 0
-
-
-def _write_outputs(args: argparse.Namespace, report: dict, draw) -> None:
-    """The JSON report to --out and the chart (``draw(path)``, if there is one) to --plot."""
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-        print(f"report: {args.out}")
-    if args.plot and draw is not None:
-        draw(args.plot)
-        print(f"chart: {args.plot}")
-
-
-def _bench_pretrain(args: argparse.Namespace) -> int:
-    from bertlab.bench.pretrain import bench_pretrain, plot_pretrain
-    from bertlab.bench.speed import machine
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if not (args.corpus and args.eval_corpus):
-        raise ValueError("bench pretrain needs --corpus and --eval-corpus (bertlab prepare)")
-    r = bench_pretrain(
-        args.corpus,
-        args.eval_corpus,
-        args.long_corpus,
-        preset=args.preset,
-        steps=args.steps,
-        batch_size=args.batch_size,
-        long_batch_size=args.long_batch_size,
-        lr=args.lr or 1e-4,
-        warmup=args.warmup_steps,
-        segment=args.segment,
-        eval_every=args.eval_every,
-    )
-    report = {"machine": machine(), "pretrain": r}
-    print(f"{'':<14}{'s/step':>8}{'tokens/s':>10}{'MLM acc':>9}{'NSP acc':>9}")
-    for side in ("bertlab", "transformers"):
-        f = r["final"][side]
-        print(
-            f"{side:<14}{r['seconds_per_step'][side]:>8.3f}{r['tokens_per_s'][side]:>10,.0f}"
-            f"{f['mlm_acc']:>9.4f}{f['nsp_acc']:>9.4f}"
-        )
-    print(f"bertlab is {r['speedup']:.2f}x faster per step")
-    _write_outputs(args, report, lambda path: plot_pretrain(r, path))
-    return 0
-
-
-def _bench_finetune(args: argparse.Namespace) -> int:
-    from bertlab.bench.finetune import bench_finetune, format_report, plot_finetune
-    from bertlab.bench.speed import machine
-    from bertlab.metrics import format_conlleval
-    from bertlab.train.finetune import TASKS, FinetuneConfig
-
-    if len(args.workloads) != 2 or args.workloads[1] not in TASKS:
-        raise ValueError(
-            f"bench finetune takes one task, one of {', '.join(TASKS)}; got "
-            f"{' '.join(args.workloads[1:]) or 'none'}"
-        )
-    if not args.train:
-        raise ValueError("bench finetune needs --train (and --dev, or --dev-articles for qa)")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    model = "default" if args.models == "default,base" else args.models  # one model here
-    if "," in model:
-        raise ValueError(f"bench finetune starts from one model; got --models {args.models}")
-    config = FinetuneConfig(
-        task=args.workloads[1],
-        train=args.train,
-        dev=args.dev,
-        model=model,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        lr=args.lr or 5e-5,
-        max_length=args.max_length,
-        max_train_examples=args.max_train_examples,
-        seed=args.seed,
-        dropout=args.dropout,
-        dev_articles=args.dev_articles,
-    )
-    r = bench_finetune(config, args.seconds)
-    print(format_report(r))
-    if "dev_full" in r["bertlab"]:
-        for side in ("bertlab", "transformers"):
-            print(f"\n{side}, best model, entities on the dev set:")
-            print(format_conlleval(r[side]["dev_full"]))
-    report = {"machine": machine(), "finetune": r}
-    _write_outputs(args, report, lambda path: plot_finetune(r, path))
-    return 0
-
-
 # ============================================================================ main
+class HelpFormatter(argparse.HelpFormatter):
+    """Every option's help ends with its default, where it has one (not None, not a switch's
+    False) and the help does not already say it; an option with no help gets the default alone."""
+
+    def _format_action(self, action: argparse.Action) -> str:
+        if not action.help and _shows_default(action):
+            action = copy.copy(action)
+            action.help = "default: %(default)s"
+        return super()._format_action(action)
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if _shows_default(action) and "(default" not in text and "default:" not in text:
+            text += " (default: %(default)s)"
+        return text
+
+
+def _shows_default(action: argparse.Action) -> bool:
+    return (
+        bool(action.option_strings)
+        and action.default not in (None, False, argparse.SUPPRESS)
+        and action.help is not argparse.SUPPRESS
+    )
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """bertlab's parser, for the top level and every subcommand: defaults shown in ``--help``
+    (``HelpFormatter``), and positionals before, between or after options at a leaf command
+    (``predict embed --model default "a text"``, ``tokenize "a text" --pair ...``): argparse's
+    intermixed parsing, which it supports only on parsers without subcommands."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+        self._intermixing = False
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        if self._subparsers is not None or self._intermixing:
+            return super().parse_known_args(args, namespace)
+        self._intermixing = True  # parse_known_intermixed_args calls back into this method
+        try:
+            namespace, extras = self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixing = False
+        if extras:  # named by the command that refused them, with its own usage
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        namespace._command = self.prog  # "bertlab bench speed": the name errors are given under
+        return namespace, extras
+
+
 def build_parser() -> argparse.ArgumentParser:
-    from bertlab.bench.speed import DRAWS
+    from bertlab import __version__
     from bertlab.explore.summary import HEADS
 
-    p = argparse.ArgumentParser(prog="bertlab", description="A complete BERT in PyTorch.")
-    sub = p.add_subparsers(dest="command", required=True)
+    p = ArgumentParser(prog="bertlab", description="A complete BERT in PyTorch.")
+    p.add_argument("--version", action="version", version=f"bertlab {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
 
     demo = sub.add_parser("demo", help="run the bundled real checkpoint on a sentence")
     demo.add_argument("--model", default=BUNDLED_NAMES[0], help="model folder (default: bundled)")
@@ -496,73 +394,33 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_task_parsers(sub)
 
-    bench = sub.add_parser("bench", help="measure bertlab against transformers")
-    bench.add_argument(
-        "workloads",
-        nargs="*",
-        help="any of tokenizer, int8, variable, fixed128, fixed512, latency, "
-        "train (default: all); or pretrain alone: a pre-training run on each "
-        "side; or finetune TASK (classify, tag, qa): a fine-tuning run on each "
-        "side for the same time budget",
-    )
-    bench.add_argument(
-        "--models",
-        default="default,base",
-        help="comma-separated: model folders, 'default' (bundled) or presets",
-    )
-    bench.add_argument("--dtypes", default="float32,bfloat16")
-    bench.add_argument(
-        "--kernel",
-        default="packed",
-        choices=["packed", "sdpa", "eager"],
-        help="bertlab's attention kernel (transformers runs SDPA)",
-    )
-    bench.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    bench.add_argument("--threads", type=int, help="torch threads for both sides")
-    bench.add_argument("--data", help="shared data folder (default: ../shared/data if present)")
-    bench.add_argument("--repeats", type=int, default=5)
-    bench.add_argument(
-        "--draws",
-        type=int,
-        default=DRAWS,
-        help="batches of drawn lengths in each run of the variable workload "
-        f"(seeds 0 to N-1; default {DRAWS})",
-    )
-    bench.add_argument("--out", help="write the JSON report here")
-    bench.add_argument("--plot", help="write a bar chart of the ratios here (PNG)")
-    pre = bench.add_argument_group("bench pretrain")
-    pre.add_argument("--corpus", help="prepared corpus to train on")
-    pre.add_argument("--long-corpus", help="prepared corpus for the last 10%% of the steps")
-    pre.add_argument("--eval-corpus", help="prepared held-out corpus")
-    pre.add_argument("--preset", default="mini")
-    pre.add_argument("--steps", type=int, default=1000)
-    pre.add_argument("--batch-size", type=int, default=32)
-    pre.add_argument("--long-batch-size", type=int)
-    pre.add_argument("--lr", type=float, help="default 1e-4 (pretrain), 5e-5 (finetune)")
-    pre.add_argument("--warmup-steps", type=int, help="default: 1%% of the steps")
-    pre.add_argument("--segment", type=int, default=50, help="steps per side, alternating")
-    pre.add_argument("--eval-every", type=int, default=100)
-    fine = bench.add_argument_group("bench finetune (also --models, --lr, --batch-size)")
-    fine.add_argument("--train", help="the training file")
-    fine.add_argument("--dev", help="the evaluation file")
-    fine.add_argument("--dev-articles", type=int, default=0, help="qa: hold out N articles")
-    fine.add_argument("--seconds", type=float, default=600, help="training budget per side")
-    fine.add_argument("--epochs", type=float, default=3.0, help="the planned schedule")
-    fine.add_argument("--max-length", type=int, help="tokens (default 128; qa 384)")
-    fine.add_argument("--max-train-examples", type=int)
-    fine.add_argument("--seed", type=int, default=0)
-    fine.add_argument("--dropout", type=float, help="default: the model's own")
-    bench.set_defaults(func=cmd_bench)
+    add_bench_parsers(sub)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``bertlab ARGS``: the exit status is the command's (0 done, 1 a check failed), 2 for bad
+    input (named on standard error before any work), 130 for Ctrl-C, 141 when the reader of
+    standard output went away (``bertlab tokenize ... | head -1``): quietly, as other tools."""
+    argv = default_subcommand(list(sys.argv[1:] if argv is None else argv))
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here, not at exit, where it can't be caught
+        return code
     except (ValueError, FileNotFoundError, FileExistsError) as e:
-        print(f"bertlab {args.command}: error: {e}", file=sys.stderr)
+        print(f"{args._command}: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # Nothing more can reach the reader: point standard output at /dev/null so that the
+        # interpreter's final flush finds nowhere to fail, and end as a process stopped by
+        # SIGPIPE would (128 + 13).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
+    except KeyboardInterrupt:
+        print(f"{args._command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -1,0 +1,354 @@
+"""``bertlab bench <what>``: bertlab side by side with transformers, one subcommand per
+measurement, each with its own options.
+
+bertlab bench speed [WORKLOAD ...]     the suite: tokenizer, int8 and the network's workloads
+bertlab bench tokenizer                batch tokenization throughput
+bertlab bench int8                     int8 dynamic quantisation: speed and accuracy cost
+bertlab bench pretrain                 one pre-training run on each side
+bertlab bench finetune TASK            one fine-tuning run on each side, same time budget
+
+``bertlab bench [WORKLOAD ...] [options]`` with no subcommand is ``bertlab bench speed``. Each
+command parses, calls one function of ``bertlab.bench`` and prints; Ctrl-C during ``speed``
+writes the report of what was measured, marked ``"interrupted": true``, and exits 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bertlab.files import BUNDLED_NAMES
+
+SUBCOMMANDS = ("speed", "tokenizer", "int8", "pretrain", "finetune")
+DEFAULT = "speed"  # what `bertlab bench` runs when no subcommand is named
+INTERRUPTED = 130  # the exit status of a run stopped by Ctrl-C (128 + SIGINT)
+
+
+# ============================================================================ printing
+HEADER = (
+    f"{'model':<9}{'workload':<10}{'dtype':<10}{'bertlab tok/s':>14}{'hf tok/s':>11}"
+    f"{'ratio':>8}{'peak MB b/hf':>15}{'useful/matmul b/hf':>20}"
+)
+
+
+def format_tokenizer(r: dict[str, Any]) -> str:
+    tps = r["tokens_per_s"]
+    return (
+        f"tokenizer  {r['texts']:,} texts ({r['data']})\n"
+        f"  bertlab {tps['bertlab']:,.0f} tokens/s, transformers "
+        f"{tps['transformers']:,.0f} tokens/s: {r['ratio']:.2f}x"
+    )
+
+
+def format_int8(r: dict[str, Any]) -> str:
+    return (
+        f"int8 ({r['model']}, {r['texts']} texts): {r['speedup_over_float32']:.2f}x float32's "
+        f"speed; embeddings' cosine to float32 mean {r['cosine_to_float32']['mean']:.3f} "
+        f"(min {r['cosine_to_float32']['min']:.3f}); nearest neighbour kept "
+        f"{r['nearest_neighbour_agreement']:.0%}"
+    )
+
+
+def format_row(r: dict[str, Any]) -> str:
+    t, p, u = r["tokens_per_s"], r["peak_memory_mb"], r["useful_share_of_matmul"]
+    return (
+        f"{r['model']:<9}{r['workload']:<10}{r['dtype']:<10}{t['bertlab']:>14,.0f}"
+        f"{t['transformers']:>11,.0f}{r['ratio']:>7.2f}x"
+        f"{p['bertlab']:>8.0f}/{p['transformers']:<6.0f}"
+        f"{u['bertlab']:>12.0%}/{u['transformers']:.0%}"
+    )
+
+
+def _printer() -> Callable[[str, dict[str, Any]], None]:
+    """Prints each result of ``run_suite`` as it comes; the table header before the first row."""
+    rows = 0
+
+    def show(kind: str, r: dict[str, Any]) -> None:
+        nonlocal rows
+        if kind == "model":
+            if not rows:
+                print(HEADER)
+            rows += 1
+            print(format_row(r), flush=True)
+        else:
+            print(format_tokenizer(r) if kind == "tokenizer" else format_int8(r), flush=True)
+
+    return show
+
+
+def write_outputs(
+    out: str | None, chart: str | None, report: dict, draw: Callable[[str], None] | None
+) -> None:
+    """The JSON report to ``out`` and the chart (``draw(path)``, if there is one) to ``chart``."""
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(report, indent=2) + "\n")
+        print(f"report: {out}")
+    if chart and draw is not None:
+        draw(chart)
+        print(f"chart: {chart}")
+
+
+def _csv(text: str) -> list[str]:
+    return [x for x in text.split(",") if x]
+
+
+# ============================================================================ commands
+def cmd_bench_speed(args: argparse.Namespace) -> int:
+    from bertlab.bench.speed import plot, run_suite
+
+    report = run_suite(
+        args.workloads,
+        _csv(args.models),
+        _csv(args.dtypes),
+        repeats=args.repeats,
+        device=args.device,
+        kernel=args.kernel,
+        draws=args.draws,
+        threads=args.threads,
+        data=args.data,
+        on_result=_printer(),
+    )
+    return _finish(args, report, (lambda path: plot(report, path)) if report["results"] else None)
+
+
+def cmd_bench_tokenizer(args: argparse.Namespace) -> int:
+    from bertlab.bench.speed import run_suite
+
+    report = run_suite(
+        ["tokenizer"], [args.model], repeats=args.repeats, data=args.data, on_result=_printer()
+    )
+    return _finish(args, report, None)
+
+
+def cmd_bench_int8(args: argparse.Namespace) -> int:
+    from bertlab.bench.speed import run_suite
+
+    report = run_suite(
+        ["int8"],
+        [args.model],
+        repeats=args.repeats,
+        threads=args.threads,
+        data=args.data,
+        on_result=_printer(),
+    )
+    return _finish(args, report, None)
+
+
+def _finish(args: argparse.Namespace, report: dict, draw: Callable[[str], None] | None) -> int:
+    if report.get("interrupted"):
+        print("interrupted: the report holds what was measured before Ctrl-C", file=sys.stderr)
+    write_outputs(args.out, getattr(args, "plot", None), report, draw)
+    return INTERRUPTED if report.get("interrupted") else 0
+
+
+def cmd_bench_pretrain(args: argparse.Namespace) -> int:
+    from bertlab.bench.pretrain import bench_pretrain, plot_pretrain
+    from bertlab.bench.speed import check_counts, machine, require_transformers
+
+    check_counts(steps=args.steps, threads=args.threads)
+    require_transformers()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    r = bench_pretrain(
+        args.corpus,
+        args.eval_corpus,
+        args.long_corpus,
+        preset=args.preset,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        long_batch_size=args.long_batch_size,
+        lr=args.lr,
+        warmup=args.warmup_steps,
+        segment=args.segment,
+        eval_every=args.eval_every,
+        progress=sys.stdout.isatty(),
+    )
+    report = {"machine": machine(), "pretrain": r}
+    print(f"{'':<14}{'s/step':>8}{'tokens/s':>10}{'MLM acc':>9}{'NSP acc':>9}")
+    for side in ("bertlab", "transformers"):
+        f = r["final"][side]
+        print(
+            f"{side:<14}{r['seconds_per_step'][side]:>8.3f}{r['tokens_per_s'][side]:>10,.0f}"
+            f"{f['mlm_acc']:>9.4f}{f['nsp_acc']:>9.4f}"
+        )
+    print(f"bertlab is {r['speedup']:.2f}x faster per step")
+    write_outputs(args.out, args.plot, report, lambda path: plot_pretrain(r, path))
+    return 0
+
+
+def cmd_bench_finetune(args: argparse.Namespace) -> int:
+    from bertlab.bench.finetune import bench_finetune, format_report, plot_finetune
+    from bertlab.bench.speed import check_counts, machine, require_transformers
+    from bertlab.metrics import format_conlleval
+    from bertlab.train.finetune import TASKS, FinetuneConfig
+
+    if args.task not in TASKS:
+        raise ValueError(
+            f"bench finetune takes one task, one of {', '.join(TASKS)}; got {args.task or 'none'}"
+        )
+    if not args.train:
+        raise ValueError("bench finetune needs --train (and --dev, or --dev-articles for qa)")
+    option, model = ("--models", args.models) if args.models else ("--model", args.model)
+    if "," in model:
+        raise ValueError(f"bench finetune starts from one model; got {option} {model}")
+    check_counts(threads=args.threads)
+    require_transformers()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    config = FinetuneConfig(
+        task=args.task,
+        train=args.train,
+        dev=args.dev,
+        model=model,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        max_length=args.max_length,
+        max_train_examples=args.max_train_examples,
+        seed=args.seed,
+        dropout=args.dropout,
+        dev_articles=args.dev_articles,
+    )
+    r = bench_finetune(config, args.seconds, progress=sys.stdout.isatty())
+    print(format_report(r))
+    if "dev_full" in r["bertlab"]:
+        for side in ("bertlab", "transformers"):
+            print(f"\n{side}, best model, entities on the dev set:")
+            print(format_conlleval(r[side]["dev_full"]))
+    report = {"machine": machine(), "finetune": r}
+    write_outputs(args.out, args.plot, report, lambda path: plot_finetune(r, path))
+    return 0
+
+
+# ============================================================================ parsers
+def add_bench_parsers(sub: argparse._SubParsersAction) -> None:
+    from bertlab.bench.speed import DRAWS, KERNELS, SUITE
+    from bertlab.train.finetune import TASKS
+
+    bench = sub.add_parser(
+        "bench",
+        help="measure bertlab against transformers",
+        description="bertlab side by side with transformers. With no subcommand, "
+        "`bertlab bench [WORKLOAD ...] [options]` is `bertlab bench speed ...`.",
+    )
+    what = bench.add_subparsers(
+        dest="bench", required=True, metavar="{" + ",".join(SUBCOMMANDS) + "}"
+    )
+
+    def common(p: argparse.ArgumentParser, plot: bool = True) -> None:
+        p.add_argument("--out", help="write the JSON report here")
+        if plot:
+            p.add_argument("--plot", help="write the chart here (PNG)")
+
+    def texts(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--data",
+            metavar="DIR",
+            help="a data folder holding sst2/train.tsv, squad/train-subset-v1.1.json and "
+            "wikitext-2/wiki.valid.tokens (default: the samples installed with bertlab)",
+        )
+
+    speed = what.add_parser(
+        "speed",
+        help="the suite: tokenizer, int8 and the network's workloads side by side",
+        description="Every workload on every model and dtype, into one report.",
+    )
+    speed.add_argument(
+        "workloads",
+        nargs="*",
+        metavar="WORKLOAD",
+        help=f"any of {', '.join(SUITE)} (default: all)",
+    )
+    speed.add_argument(
+        "--models",
+        default="default,base",
+        help="comma-separated: model folders, 'default' (bundled) or presets",
+    )
+    speed.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated")
+    speed.add_argument(
+        "--kernel",
+        default="packed",
+        choices=KERNELS,
+        help="bertlab's attention kernel (transformers runs SDPA)",
+    )
+    speed.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where to run")
+    speed.add_argument("--threads", type=int, help="torch threads for both sides")
+    texts(speed)
+    speed.add_argument("--repeats", type=int, default=5, help="timed runs per side")
+    speed.add_argument(
+        "--draws",
+        type=int,
+        default=DRAWS,
+        help="batches of drawn lengths in each run of the variable workload (seeds 0 to N-1)",
+    )
+    common(speed)
+    speed.set_defaults(func=cmd_bench_speed)
+
+    tok = what.add_parser("tokenizer", help="batch tokenization throughput")
+    tok.add_argument("--model", default=BUNDLED_NAMES[0], help="the model folder's vocabulary")
+    texts(tok)
+    tok.add_argument("--repeats", type=int, default=5, help="timed runs per side")
+    common(tok, plot=False)
+    tok.set_defaults(func=cmd_bench_tokenizer)
+
+    int8 = what.add_parser("int8", help="int8 dynamic quantisation against float32")
+    int8.add_argument("--model", default=BUNDLED_NAMES[0], help="a model folder")
+    texts(int8)
+    int8.add_argument("--threads", type=int, help="torch threads")
+    int8.add_argument("--repeats", type=int, default=5, help="timed runs per side")
+    common(int8, plot=False)
+    int8.set_defaults(func=cmd_bench_int8)
+
+    pre = what.add_parser("pretrain", help="one pre-training run on each side")
+    pre.add_argument("--corpus", required=True, help="prepared corpus to train on")
+    pre.add_argument("--eval-corpus", required=True, help="prepared held-out corpus")
+    pre.add_argument("--long-corpus", help="prepared corpus for the last 10%% of the steps")
+    pre.add_argument("--preset", default="mini", help="the model's size")
+    pre.add_argument("--steps", type=int, default=1000, help="optimizer steps per side")
+    pre.add_argument("--batch-size", type=int, default=32, help="sequences per step")
+    pre.add_argument("--long-batch-size", type=int, help="default: --batch-size")
+    pre.add_argument("--lr", type=float, default=1e-4, help="peak learning rate")
+    pre.add_argument("--warmup-steps", type=int, help="default: 1%% of the steps")
+    pre.add_argument("--segment", type=int, default=50, help="steps per side, alternating")
+    pre.add_argument("--eval-every", type=int, default=100, help="steps between evaluations")
+    pre.add_argument("--threads", type=int, help="torch threads for both sides")
+    common(pre)
+    pre.set_defaults(func=cmd_bench_pretrain)
+
+    fine = what.add_parser(
+        "finetune", help="one fine-tuning run on each side, for the same time budget"
+    )
+    # The task and --train are checked by the command, which names what it got.
+    fine.add_argument("task", nargs="?", metavar="{" + ",".join(TASKS) + "}", help="the task")
+    fine.add_argument("--train", help="the training file (required)")
+    fine.add_argument("--dev", help="the evaluation file")
+    fine.add_argument("--dev-articles", type=int, default=0, help="qa: hold out N articles")
+    fine.add_argument("--model", default=BUNDLED_NAMES[0], help="the model both sides start from")
+    # The spelling from before the subcommands, when `bench` took --models for every command.
+    fine.add_argument("--models", help=argparse.SUPPRESS)
+    fine.add_argument("--seconds", type=float, default=600, help="training budget per side")
+    fine.add_argument("--epochs", type=float, default=3.0, help="the planned schedule")
+    fine.add_argument("--batch-size", type=int, default=32, help="examples per step")
+    fine.add_argument("--lr", type=float, default=5e-5, help="peak learning rate")
+    fine.add_argument("--max-length", type=int, help="tokens (default 128; qa 384)")
+    fine.add_argument("--max-train-examples", type=int, help="a random subset of the training set")
+    fine.add_argument("--seed", type=int, default=0, help="shuffling and initialisation")
+    fine.add_argument("--dropout", type=float, help="default: the model's own")
+    fine.add_argument("--threads", type=int, help="torch threads for both sides")
+    common(fine)
+    fine.set_defaults(func=cmd_bench_finetune)
+
+
+def default_subcommand(argv: list[str]) -> list[str]:
+    """``bench [WORKLOAD ...] [options]`` -> ``bench speed ...``: the README's commands from
+    before the subcommands keep working. ``bench -h`` still lists the subcommands."""
+    if argv[:1] == ["bench"] and (len(argv) == 1 or argv[1] not in (*SUBCOMMANDS, "-h", "--help")):
+        return ["bench", DEFAULT, *argv[1:]]
+    return argv
