@@ -49,9 +49,11 @@ def _run_transformers(
     key: str,
     seconds: float,
     progress: bool,
+    steps: int,
 ) -> dict[str, Any]:
     """Fine-tune transformers' ``model`` in its own loop, on ``run``'s batches, for ``seconds``;
-    ``key`` picks the best evaluation."""
+    ``key`` picks the best evaluation. The learning-rate schedule runs over ``steps``: the plan
+    bertlab's loop made for the same budget, so both sides warm up and decay alike."""
     from transformers import get_linear_schedule_with_warmup
 
     no_decay = ("bias", "LayerNorm.weight")
@@ -64,7 +66,7 @@ def _run_transformers(
         {"params": [p for n, p in named if any(k in n for k in no_decay)], "weight_decay": 0.0},
     ]
     opt = torch.optim.AdamW(groups, lr=config.lr, eps=1e-6)
-    sched = get_linear_schedule_with_warmup(opt, int(config.warmup_ratio * run.steps), run.steps)
+    sched = get_linear_schedule_with_warmup(opt, int(config.warmup_ratio * steps), steps)
     data = run.batches(config.batch_size, config.seed)
     torch.manual_seed(config.seed)
     model.train()
@@ -74,7 +76,7 @@ def _run_transformers(
     tokens = done = 0
     losses: list[float] = []
     status = Progress() if progress else None
-    for step in range(run.steps):
+    for step in range(steps):
         t0 = time.perf_counter()
         batch = data(step)
         loss = model(**batch).loss
@@ -88,12 +90,12 @@ def _run_transformers(
         tokens += int(batch["attention_mask"].sum())
         done = step + 1
         late = trained > seconds
-        if status is not None and (done % 20 == 0 or late or done == run.steps):
+        if status is not None and (done % 20 == 0 or late or done == steps):
             status.update(
-                f"transformers step {done}/{run.steps} loss {losses[-1]:.4f} "
+                f"transformers step {done}/{steps} loss {losses[-1]:.4f} "
                 f"{tokens / trained:,.0f} tok/s"
             )
-        if done % run.per_epoch == 0 or late or done == run.steps:
+        if done % run.per_epoch == 0 or late or done == steps:
             result, details = run.task.evaluate_with_details(model, run.dev)
             model.train()
             evals.append({"step": done, "seconds": trained, **result})
@@ -105,7 +107,7 @@ def _run_transformers(
         status.close()
     out: dict[str, Any] = {
         "steps": done,
-        "planned_steps": run.steps,
+        "planned_steps": steps,
         "seconds": trained,
         "tokens_per_s": tokens / trained,
         "best_step": best["step"],
@@ -168,10 +170,15 @@ def bench_finetune(config: FinetuneConfig, seconds: float, progress: bool = True
     started = time.perf_counter()
     run = prepare(config, progress)  # the data is read and encoded once, for both sides
     key = report["main_metric"] = run.task.main_metric
-    hf = _transformers_model(run)  # a copy of the starting weights
-    report["transformers"] = t = _run_transformers(config, run, hf, key, seconds, progress)
-    del hf
+    hf = _transformers_model(run)  # a copy of the starting weights, taken before training
+    # bertlab first: its loop plans the schedule to the budget, and transformers' side gets the
+    # same planned steps for its schedule.
     report["bertlab"] = b = _run_bertlab(config, run, seconds, progress)
+    planned = b["planned_steps"]
+    report["transformers"] = t = _run_transformers(
+        config, run, hf, key, seconds, progress, planned
+    )
+    del hf
     report["speedup"] = b["tokens_per_s"] / t["tokens_per_s"]
     report["difference"] = b["dev"][key] - t["dev"][key]
     report["wall_seconds"] = time.perf_counter() - started

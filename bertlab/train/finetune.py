@@ -44,21 +44,8 @@ from bertlab.tasks.finetuning import FinetuneTask, Split
 from bertlab.tasks.qa import QuestionAnsweringTask
 from bertlab.tasks.tag import TaggingTask
 from bertlab.tokenizer import BertTokenizer
-from bertlab.train.loop import CHECKPOINT, TrainConfig, train
+from bertlab.train.loop import CHECKPOINT, TrainConfig, TrainingInterrupted, train
 
-try:
-    from bertlab.train.loop import TrainingInterrupted
-except ImportError:  # a loop that returns after a signal instead of raising: a stand-in
-    _LOOP_RAISES = False
-
-    class TrainingInterrupted(KeyboardInterrupt):  # type: ignore[no-redef]
-        """The run stopped on a signal after saving ``checkpoint`` at ``step``."""
-
-        def __init__(self, step: int, checkpoint: Path):
-            super().__init__(f"stopped at step {step}; checkpoint {checkpoint}")
-            self.step, self.checkpoint = step, checkpoint
-else:
-    _LOOP_RAISES = True
 
 logger = logging.getLogger("bertlab")
 TASKS: dict[str, type[FinetuneTask]] = {
@@ -288,8 +275,6 @@ def finetune(
         eval_every=run.per_epoch,
     )
     step = int(last.get("step", 0))
-    if not _LOOP_RAISES and step < tc.steps and not last.get("stopped_by_time"):
-        raise TrainingInterrupted(step, out / CHECKPOINT)  # stopped by a signal
     # A finished run has nothing to resume: its checkpoint (optimiser state included, twice
     # the model's size) is not kept.
     for name in (CHECKPOINT, CHECKPOINT + ".prev", BEST_FILE):
@@ -306,7 +291,7 @@ def finetune(
         "config": asdict(config),
         "report": run.report,
         "steps": step,
-        "planned_steps": run.steps,
+        "planned_steps": int(last.get("planned_steps", run.steps)),  # the plan of a budget
         "seconds": float(last.get("train_seconds", 0.0)),  # what max_seconds counts
         "eval_seconds": spent["eval"],
         "wall_seconds": time.perf_counter() - started,
