@@ -28,7 +28,6 @@ from helpers import max_diff, scramble
 
 import bertlab
 import bertlab.nn.attention
-import bertlab.nn.model
 from bertlab.nn.packing import Packing
 
 ATOL = 1e-5
@@ -109,14 +108,14 @@ def padding_values(out: Any, mask: torch.Tensor) -> dict[str, torch.Tensor]:
 def packed_calls(monkeypatch) -> list[bool]:
     """Records every call of the packed kernel (True when it ran batched: no padding)."""
     calls: list[bool] = []
-    real = bertlab.nn.model.packed_attention
+    real = bertlab.nn.attention.BACKENDS["packed"]
 
     def spy(q, k, v, packing, *args, **kwargs):
         assert isinstance(packing, Packing)
         calls.append(packing.dense)
         return real(q, k, v, packing, *args, **kwargs)
 
-    monkeypatch.setattr(bertlab.nn.model, "packed_attention", spy)
+    monkeypatch.setitem(bertlab.nn.attention.BACKENDS, "packed", spy)  # the one registry
     return calls
 
 
@@ -304,9 +303,7 @@ def test_packed_equals_sdpa_at_real_positions(case, how, tmp_path, packed_calls)
         assert len(got.hidden_states) == layers + 1
         if case.id in HAS_LOSS:
             assert got.loss is not None and torch.isfinite(got.loss)
-        # QA's loss differs with padding by design: test_question_answering_loss_* below.
-        skip = frozenset({"loss"}) if is_qa else frozenset()
-        assert_real_positions_match(got, ref, mask, f"{case.id}/{kind}", skip)
+        assert_real_positions_match(got, ref, mask, f"{case.id}/{kind}")
         # Padding positions: zeros (QA: the lowest score), never the padded model's values.
         pads = padding_values(got, mask)
         assert pads, "no per-token output to check"
@@ -370,8 +367,8 @@ def test_mask_with_holes_equals_sdpa():
 
 
 def test_question_answering_loss_equals_the_unpadded_sequences():
-    """Packed, padding positions are outside the QA loss: the padded batch's loss is the mean of
-    each sequence's loss run alone (no padding at all), and of an unpadded batch's."""
+    """With every kernel, padding positions are outside the QA loss: the padded batch's loss is
+    the mean of each sequence's loss run alone (no padding at all), and of an unpadded batch's."""
     sdpa = make_model(bertlab.BertForQuestionAnswering, seed=5)
     packed = make_model(bertlab.BertForQuestionAnswering, seed=5, attn="packed")
     inputs = padded_inputs(LENGTHS)
@@ -397,8 +394,14 @@ def test_question_answering_loss_equals_the_unpadded_sequences():
         for logits in (got.start_logits, got.end_logits):
             assert (logits[~mask] == lowest).all()
             assert (logits[mask] > lowest).all()
-        # (The padded kernels include the padding scores, as the reference does: they differ.)
-        assert max_diff(sdpa(**inputs, **answers).loss, got.loss) > ATOL
+        # The padded kernels give padding the same lowest score: the same loss and scores.
+        for attn in ("sdpa", "eager"):
+            sdpa.set_attn_implementation(attn)
+            padded = sdpa(**inputs, **answers)
+            assert_close(padded.loss, got.loss, f"{attn} QA loss")
+            for name in ("start_logits", "end_logits"):
+                assert torch.equal(getattr(padded, name)[~mask], getattr(got, name)[~mask])
+                assert_close(getattr(padded, name), getattr(got, name), f"{attn} {name}")
 
 
 @pytest.mark.parametrize("start", [6, 8, 9, 30])
