@@ -404,13 +404,15 @@ def test_question_answering_loss_equals_the_unpadded_sequences():
                 assert_close(getattr(padded, name), getattr(got, name), f"{attn} {name}")
 
 
+@pytest.mark.parametrize("attn", ["packed", "sdpa", "eager"])
 @pytest.mark.parametrize("start", [6, 8, 9, 30])
-def test_question_answering_answer_outside_the_sequence_is_ignored(start):
+def test_question_answering_answer_outside_the_sequence_is_ignored(start, attn):
     """An answer position outside a sequence's real tokens (cut off by a window) is ignored, as
     one at or past the padded width T is, whatever the padding: row 1 has 6 tokens, so a start
     at 6 or 8 lies in its padding, 9 = T at the padded width, 30 beyond any width used here.
-    Packed, a position on padding must not score against the lowest-score fill (~3e38)."""
-    model = make_model(bertlab.BertForQuestionAnswering, attn="packed")
+    With every kernel, a position on padding must not score against the lowest-score fill
+    (~3e38), and the padding positions hold that lowest score."""
+    model = make_model(bertlab.BertForQuestionAnswering, attn=attn)
     inputs = padded_inputs(LENGTHS)
     end = torch.tensor([3, 5, 0, 2])
     with torch.no_grad():
@@ -422,6 +424,8 @@ def test_question_answering_answer_outside_the_sequence_is_ignored(start):
                 end_positions=end,
             )
             assert cut.loss < 100, f"start {start}, T={T + extra}: loss {cut.loss.item():.3g}"
+            pad = ~widen(inputs, extra)["attention_mask"].bool()
+            assert (cut.start_logits[pad] == torch.finfo(torch.float32).min).all()
             assert_close(cut.loss, ignored.loss, f"start {start}, T={T + extra}")
 
 

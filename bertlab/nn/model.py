@@ -5,7 +5,13 @@ heads.py).
 Module and parameter names are those of the original checkpoints and of transformers
 (``embeddings.word_embeddings``, ``encoder.layer.N.attention.self.query``, ``pooler.dense`` ...),
 so a state dict moves between them key for key. Leaf modules take plain numbers; only the
-top-level models read a BertConfig. No I/O and no training here (see checkpoint.py, train.py).
+top-level models read a BertConfig. No I/O and no training here (see io/, train/).
+
+Each forward is the equation and nothing else. Beside it: the attention kernels
+(attention.BACKENDS, named once by the config's attn_implementation), the batch layouts,
+padded or packed, behind one enter/exit seam (packing.py), the input checks (checks.py), and
+the inference twins of these modules that fuse, chunk and overwrite in place (fast.py), chosen
+when a model is built or moved, with the same parameters and state-dict keys.
 
 Shapes: B batch, T sequence length, H hidden size, A heads, D = H / A, I intermediate size,
 V vocabulary size, C choices, L layers.
