@@ -261,6 +261,11 @@ def test_export_refuses_a_folder_without_weights_or_of_another_model(tmp_path):
         ex.export_onnx(tiny_folder(tmp_path / "c"), tmp_path / "c_out", head="pooler")
     with pytest.raises(FileNotFoundError, match="no model folder"):
         ex.export_onnx(tmp_path / "nowhere", tmp_path / "d")
+    model_dir = tiny_folder(tmp_path / "e")
+    for into in (model_dir, model_dir.parent):
+        with pytest.raises(ValueError, match="holds the model folder"):
+            ex.export_onnx(model_dir, into, overwrite=True)
+    assert (model_dir / "model.safetensors").is_file()
     assert not any((tmp_path / n).exists() for n in ("a", "b", "c_out", "d"))
 
 
@@ -291,10 +296,14 @@ def test_a_graph_onnxruntime_cannot_run_is_a_failure_and_leaves_nothing(tmp_path
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny"]
 
 
-def test_missing_onnx_packages_are_named_with_the_install_command(monkeypatch):
+def test_missing_onnx_packages_are_named_with_the_install_command(monkeypatch, tmp_path, capsys):
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import now raises ImportError
     with pytest.raises(ModuleNotFoundError, match=r"needs onnxruntime: pip install 'bertlab\["):
         ex._require_onnx()
+    folder = tiny_folder(tmp_path)
+    assert cli(["export", "onnx", str(folder), "-o", str(tmp_path / "out")]) == 2
+    assert "bertlab export: error: ONNX export needs onnxruntime" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 def test_the_library_never_imports_onnx_at_import_time():

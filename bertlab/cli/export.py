@@ -7,6 +7,7 @@ The work is ``bertlab.io.export.export_onnx``; this file parses and prints. Regi
 from __future__ import annotations
 
 import argparse
+import sys
 
 from bertlab.files import BUNDLED_NAMES
 
@@ -62,8 +63,12 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
 def cmd_export(args: argparse.Namespace) -> int:
     from bertlab.io.export import export_onnx
 
-    report = export_onnx(
-        args.model, args.output, head=args.head, opset=args.opset, overwrite=args.overwrite
-    )
+    try:
+        report = export_onnx(
+            args.model, args.output, head=args.head, opset=args.opset, overwrite=args.overwrite
+        )
+    except ModuleNotFoundError as e:  # the optional ONNX packages: say what to install
+        print(f"bertlab export: error: {e}", file=sys.stderr)
+        return 2
     print(report)
     return 0

@@ -340,6 +340,11 @@ def export_onnx(
     if not 7 <= opset <= 23:
         raise ValueError(f"opset {opset} is outside the range the exporter supports (7 to 23)")
     target = Path(out_dir)
+    if target.resolve() == source.resolve() or target.resolve() in source.resolve().parents:
+        raise ValueError(
+            f"{target} holds the model folder {source}: export into another folder "
+            "(--overwrite would delete the model)"
+        )
     if target.exists() and not target.is_dir():
         raise FileExistsError(f"{target} is a file; expected a folder to write into")
     if target.is_dir() and any(target.iterdir()) and not overwrite:
