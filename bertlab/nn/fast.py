@@ -6,9 +6,10 @@ moved or cast (``model.to(...)``, ``.bfloat16()`` ...), by changing the class of
 place to its subclass here; the forward of model.py stays the equation. What each one does:
 
 * ``FastSelfOutput``, ``FastOutput``: the residual sum ``dense(h) + x`` written into the
-  product's own buffer, and on a CPU with bfloat16 matrix units the bias, the sum and (in
-  ``FastIntermediate``, ``FastPredictionHeadTransform``) the activation applied by oneDNN inside
-  the product (fused.py: about a fifth of a bfloat16 forward pass of bert-base);
+  product's own buffer (in training, dropout's), and on a CPU with bfloat16 matrix units the
+  bias, the sum and (in ``FastIntermediate``, ``FastPredictionHeadTransform``) the activation
+  applied by oneDNN inside the product (fused.py: about a fifth of a bfloat16 forward pass of
+  bert-base);
 * ``FastIntermediate``: the activation overwrites its input when no gradient is recorded;
 * ``FusedLinear``: the query, key and value projections with the bias inside the oneDNN
   product (installed only where the weights are CPU bfloat16 and oneDNN can fuse);
@@ -17,9 +18,9 @@ place to its subclass here; the forward of model.py stays the equation. What eac
 * ``BertModel.spare_rows``: a packed batch's token count rounded up (packing.round_rows) where
   oneDNN builds a kernel per matrix shape.
 
-Each step aside to the plain forward of its parent class whenever its trick does not apply: a
-gradient is recorded, a hook must see the call, or the model is traced (torch.compile fuses on
-its own, and an exported graph must hold only standard operators).
+Each steps aside to the plain forward of its parent class where its trick does not apply (a
+gradient is recorded, a hook must see the call) and whenever the model is traced
+(torch.compile fuses on its own, and an exported graph must hold only standard operators).
 """
 
 from __future__ import annotations
@@ -70,8 +71,10 @@ class FastSelfOutput(BertSelfOutput):
     """LN(W_O context + x), the sum written into the product's buffer (or fused by oneDNN)."""
 
     def forward(self, context: torch.Tensor, x: torch.Tensor) -> torch.Tensor:  # (B, T, H)
-        if self.training or tracing():
+        if tracing():
             return super().forward(context, x)
+        if self.training:  # the sum into dropout's fresh output (its backward needs only its mask)
+            return self.LayerNorm(self.dropout(self.dense(context)).add_(x))
         return self.LayerNorm(fused.linear_add(self.dense, context, x))
 
 
@@ -79,8 +82,10 @@ class FastOutput(BertOutput):
     """LN(h W_2 + b_2 + x), as FastSelfOutput."""
 
     def forward(self, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:  # (B,T,I),(B,T,H)->(B,T,H)
-        if self.training or tracing():
+        if tracing():
             return super().forward(h, x)
+        if self.training:
+            return self.LayerNorm(self.dropout(self.dense(h)).add_(x))
         return self.LayerNorm(fused.linear_add(self.dense, h, x))
 
 
