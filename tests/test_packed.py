@@ -28,7 +28,6 @@ from helpers import max_diff, scramble
 
 import bertlab
 import bertlab.nn.attention
-import bertlab.nn.model
 from bertlab.nn.packing import Packing
 
 ATOL = 1e-5
@@ -109,14 +108,14 @@ def padding_values(out: Any, mask: torch.Tensor) -> dict[str, torch.Tensor]:
 def packed_calls(monkeypatch) -> list[bool]:
     """Records every call of the packed kernel (True when it ran batched: no padding)."""
     calls: list[bool] = []
-    real = bertlab.nn.model.packed_attention
+    real = bertlab.nn.attention.BACKENDS["packed"]
 
     def spy(q, k, v, packing, *args, **kwargs):
         assert isinstance(packing, Packing)
         calls.append(packing.dense)
         return real(q, k, v, packing, *args, **kwargs)
 
-    monkeypatch.setattr(bertlab.nn.model, "packed_attention", spy)
+    monkeypatch.setitem(bertlab.nn.attention.BACKENDS, "packed", spy)  # the one registry
     return calls
 
 
@@ -304,9 +303,7 @@ def test_packed_equals_sdpa_at_real_positions(case, how, tmp_path, packed_calls)
         assert len(got.hidden_states) == layers + 1
         if case.id in HAS_LOSS:
             assert got.loss is not None and torch.isfinite(got.loss)
-        # QA's loss differs with padding by design: test_question_answering_loss_* below.
-        skip = frozenset({"loss"}) if is_qa else frozenset()
-        assert_real_positions_match(got, ref, mask, f"{case.id}/{kind}", skip)
+        assert_real_positions_match(got, ref, mask, f"{case.id}/{kind}")
         # Padding positions: zeros (QA: the lowest score), never the padded model's values.
         pads = padding_values(got, mask)
         assert pads, "no per-token output to check"
@@ -370,8 +367,8 @@ def test_mask_with_holes_equals_sdpa():
 
 
 def test_question_answering_loss_equals_the_unpadded_sequences():
-    """Packed, padding positions are outside the QA loss: the padded batch's loss is the mean of
-    each sequence's loss run alone (no padding at all), and of an unpadded batch's."""
+    """With every kernel, padding positions are outside the QA loss: the padded batch's loss is
+    the mean of each sequence's loss run alone (no padding at all), and of an unpadded batch's."""
     sdpa = make_model(bertlab.BertForQuestionAnswering, seed=5)
     packed = make_model(bertlab.BertForQuestionAnswering, seed=5, attn="packed")
     inputs = padded_inputs(LENGTHS)
@@ -397,17 +394,25 @@ def test_question_answering_loss_equals_the_unpadded_sequences():
         for logits in (got.start_logits, got.end_logits):
             assert (logits[~mask] == lowest).all()
             assert (logits[mask] > lowest).all()
-        # (The padded kernels include the padding scores, as the reference does: they differ.)
-        assert max_diff(sdpa(**inputs, **answers).loss, got.loss) > ATOL
+        # The padded kernels give padding the same lowest score: the same loss and scores.
+        for attn in ("sdpa", "eager"):
+            sdpa.set_attn_implementation(attn)
+            padded = sdpa(**inputs, **answers)
+            assert_close(padded.loss, got.loss, f"{attn} QA loss")
+            for name in ("start_logits", "end_logits"):
+                assert torch.equal(getattr(padded, name)[~mask], getattr(got, name)[~mask])
+                assert_close(getattr(padded, name), getattr(got, name), f"{attn} {name}")
 
 
+@pytest.mark.parametrize("attn", ["packed", "sdpa", "eager"])
 @pytest.mark.parametrize("start", [6, 8, 9, 30])
-def test_question_answering_answer_outside_the_sequence_is_ignored(start):
+def test_question_answering_answer_outside_the_sequence_is_ignored(start, attn):
     """An answer position outside a sequence's real tokens (cut off by a window) is ignored, as
     one at or past the padded width T is, whatever the padding: row 1 has 6 tokens, so a start
     at 6 or 8 lies in its padding, 9 = T at the padded width, 30 beyond any width used here.
-    Packed, a position on padding must not score against the lowest-score fill (~3e38)."""
-    model = make_model(bertlab.BertForQuestionAnswering, attn="packed")
+    With every kernel, a position on padding must not score against the lowest-score fill
+    (~3e38), and the padding positions hold that lowest score."""
+    model = make_model(bertlab.BertForQuestionAnswering, attn=attn)
     inputs = padded_inputs(LENGTHS)
     end = torch.tensor([3, 5, 0, 2])
     with torch.no_grad():
@@ -419,6 +424,8 @@ def test_question_answering_answer_outside_the_sequence_is_ignored(start):
                 end_positions=end,
             )
             assert cut.loss < 100, f"start {start}, T={T + extra}: loss {cut.loss.item():.3g}"
+            pad = ~widen(inputs, extra)["attention_mask"].bool()
+            assert (cut.start_logits[pad] == torch.finfo(torch.float32).min).all()
             assert_close(cut.loss, ignored.loss, f"start {start}, T={T + extra}")
 
 

@@ -25,6 +25,7 @@ from typing import Any, TextIO
 import torch
 
 from bertlab.cli.bench import add_bench_parsers, default_subcommand
+from bertlab.cli.export import add_parsers as add_export_parsers
 from bertlab.cli.tasks import add_task_parsers
 from bertlab.files import BUNDLED_NAMES, resolve_model_dir
 from bertlab.nn.config import PRESETS, resolve_source
@@ -393,6 +394,7 @@ def build_parser() -> argparse.ArgumentParser:
     prep.set_defaults(func=cmd_prepare)
 
     add_task_parsers(sub)
+    add_export_parsers(sub)
 
     add_bench_parsers(sub)
     return p

@@ -13,6 +13,11 @@ The packed kernel ("packed"):
     layout:  a packing.Packing, which says where each sequence starts
     context: (N, A, D)     each sequence attends over its own tokens only; probs is None
 
+The kernel is named once, by the config's attn_implementation; BertModel puts it in the batch's
+layout (packing.enter), and every attention layer calls ``BACKENDS[layout.kernel]``. Under
+torch.compile and torch.export the "packed" name runs the padded "sdpa" kernel (one graph with
+dynamic batch and length; the same numbers at real tokens): packing.py's docstring says why.
+
 Padding keys get a score of the dtype's most negative value, so their probability is exactly 0
 (as in the reference implementation) and a padded row equals the same sequence alone.
 """

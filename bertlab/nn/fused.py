@@ -58,7 +58,7 @@ def fusable(layer: nn.Module, x: torch.Tensor) -> bool:
     """True when ``layer(x)`` may run as one fused oneDNN call."""
     return (
         shape_cached(x)
-        and type(layer) is nn.Linear
+        and isinstance(layer, nn.Linear)
         and layer.weight.dtype == torch.bfloat16
         and not (torch.is_grad_enabled() and layer.weight.requires_grad)
         and not _hooked(layer)

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bertlab.nn import fused
+from bertlab.nn.checks import check_labels as _check_labels
 from bertlab.nn.config import BertConfig
 from bertlab.nn.losses import IGNORE_INDEX, pretraining_loss
 from bertlab.nn.model import (
@@ -30,16 +30,6 @@ from bertlab.nn.outputs import (
 )
 
 
-def _check_labels(labels: torch.Tensor, num_classes: int, name: str = "label") -> None:
-    bad = (labels != IGNORE_INDEX) & ((labels < 0) | (labels >= num_classes))
-    if bool(bad.any()):
-        where = tuple(int(i) for i in bad.nonzero()[0])
-        raise ValueError(
-            f"{name} {int(labels[where])} at position {where} is outside [0, {num_classes}) "
-            f"(use {IGNORE_INDEX} to ignore a position)"
-        )
-
-
 # ============================================================================ heads
 class BertPredictionHeadTransform(nn.Module):
     """LN(act(W h + b)): the MLM head's transform before the vocabulary projection."""
@@ -52,8 +42,7 @@ class BertPredictionHeadTransform(nn.Module):
         self.LayerNorm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., H)
-        h = fused.linear_act(self.dense, x, self.hidden_act, self.transform_act_fn)
-        return self.LayerNorm(h)
+        return self.LayerNorm(self.transform_act_fn(self.dense(x)))
 
 
 class BertLMPredictionHead(nn.Module):
@@ -336,7 +325,14 @@ class BertForTokenClassification(BertPreTrainedModel):
 
 
 class BertForQuestionAnswering(BertPreTrainedModel):
-    """Extractive QA (reference 000): a start and an end score for every token of the passage."""
+    """Extractive QA (reference 000): a start and an end score for every token of the passage.
+
+    Padding positions (attention_mask 0) score the dtype's lowest value with every kernel, so
+    they are never an answer and add nothing to the loss; an answer position on padding is
+    ignored like one past the end. The results therefore never depend on the padding, and
+    packed, sdpa and eager agree everywhere. (transformers leaves padding positions their
+    computed scores, inside its softmax: its scores and loss differ there; the real positions'
+    scores are the same.)"""
 
     def __init__(self, config: BertConfig):
         super().__init__(config)
@@ -365,14 +361,11 @@ class BertForQuestionAnswering(BertPreTrainedModel):
             output_hidden_states,
             output_attentions,
         )
+        # Padding positions get the dtype's lowest score, whatever the kernel: they are never
+        # an answer, and an answer position that falls on padding is ignored by the loss.
         logits = enc.padded(self.qa_outputs(enc.hidden))  # (B, T, 2)
-        # Packed results never depend on padding: a padding position gets the lowest score (it
-        # is never an answer and adds nothing to the loss), and an answer position that falls
-        # on padding is ignored like one past the end. The padded kernels keep the reference's
-        # behaviour, where padding positions have scores of their own.
-        real = None
-        if self.config.attn_implementation == "packed" and attention_mask is not None:
-            real = attention_mask.bool()
+        real = None if attention_mask is None else attention_mask.bool()  # (B, T)
+        if real is not None:
             logits = logits.masked_fill(~real[..., None], torch.finfo(logits.dtype).min)
         start_logits, end_logits = logits.unbind(-1)  # (B, T)
         loss = None

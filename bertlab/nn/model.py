@@ -5,7 +5,13 @@ heads.py).
 Module and parameter names are those of the original checkpoints and of transformers
 (``embeddings.word_embeddings``, ``encoder.layer.N.attention.self.query``, ``pooler.dense`` ...),
 so a state dict moves between them key for key. Leaf modules take plain numbers; only the
-top-level models read a BertConfig. No I/O and no training here (see checkpoint.py, train.py).
+top-level models read a BertConfig. No I/O and no training here (see io/, train/).
+
+Each forward is the equation and nothing else. Beside it: the attention kernels
+(attention.BACKENDS, named once by the config's attn_implementation), the batch layouts,
+padded or packed, behind one enter/exit seam (packing.py), the input checks (checks.py), and
+the inference twins of these modules that fuse, chunk and overwrite in place (fast.py), chosen
+when a model is built or moved, with the same parameters and state-dict keys.
 
 Shapes: B batch, T sequence length, H hidden size, A heads, D = H / A, I intermediate size,
 V vocabulary size, C choices, L layers.
@@ -15,20 +21,18 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from bertlab.nn import fused
-from bertlab.nn.attention import BACKENDS, packed_attention
+from bertlab.nn.attention import BACKENDS
+from bertlab.nn.checks import check_inputs
 from bertlab.nn.config import ATTN_IMPLEMENTATIONS, BertConfig
-from bertlab.nn.outputs import (
-    BaseModelOutputWithPooling,
-)
-from bertlab.nn.packing import Packing, check_rows, round_rows
+from bertlab.nn.outputs import BaseModelOutputWithPooling
+from bertlab.nn.packing import Layout, Packing, enter
 
 ACTIVATIONS = {
     "gelu": lambda: nn.GELU(),  # exact, with erf: what BERT uses
@@ -36,15 +40,6 @@ ACTIVATIONS = {
     "relu": nn.ReLU,
     "silu": nn.SiLU,
 }
-# The same functions, overwriting their input: used when no gradient is recorded, to save
-# allocating (and page-faulting in) a fresh (tokens, I) buffer in every layer.
-ACTIVATIONS_INPLACE = {
-    "gelu": lambda t: torch.ops.aten.gelu_(t),
-    "gelu_new": lambda t: torch.ops.aten.gelu_(t, approximate="tanh"),
-    "relu": torch.relu_,
-    "silu": lambda t: F.silu(t, inplace=True),
-}
-Layout = torch.Tensor | Packing | None  # how a batch is laid out: a padding mask, or packed
 
 
 # ============================================================================ embeddings
@@ -90,39 +85,29 @@ class BertEmbeddings(nn.Module):
 
 # ============================================================================ attention
 class BertSelfAttention(nn.Module):
-    """Multi-head scaled dot-product self-attention: softmax(Q K^T / sqrt(D)) V per head."""
+    """Multi-head scaled dot-product self-attention: softmax(Q K^T / sqrt(D)) V per head
+    (Vaswani et al. 2017, eq. 1), with Q = x W_Q, K = x W_K, V = x W_V."""
 
-    def __init__(self, hidden_size: int, num_heads: int, dropout: float, attn_implementation: str):
+    def __init__(self, hidden_size: int, num_heads: int, dropout: float):
         super().__init__()
         self.num_heads = num_heads
         self.query = nn.Linear(hidden_size, hidden_size)
         self.key = nn.Linear(hidden_size, hidden_size)
         self.value = nn.Linear(hidden_size, hidden_size)
         self.dropout_p = dropout
-        self.attn_implementation = attn_implementation
 
     def forward(
         self, x: torch.Tensor, layout: Layout, need_weights: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Padded: x (B, T, H), layout the (B, T) bool mask or None -> context (B, T, H) and
-        probs (B, A, T, T) or None. Packed: x (N, H), layout a Packing -> context (N, H)."""
-        A, H = self.num_heads, x.shape[-1]
+        """x (B, T, H) padded or (N, H) packed -> context of the same shape, and the
+        probabilities (B, A, T, T) when asked for (padded layouts only). The layout names the
+        kernel (attention.BACKENDS) and which keys each query may see."""
+        A = self.num_heads
+        # (B, T, H) -> (B, A, T, D) padded; (N, H) -> (N, A, D) packed
+        q, k, v = (layout.split_heads(proj(x), A) for proj in (self.query, self.key, self.value))
         p = self.dropout_p if self.training else 0.0
-        q, k, v = (fused.linear(layer, x) for layer in (self.query, self.key, self.value))
-        if isinstance(layout, Packing):
-            q, k, v = (t.view(-1, A, H // A) for t in (q, k, v))
-            context, _ = packed_attention(q, k, v, layout, p)
-            return context.reshape(-1, H), None
-        B, T, _ = x.shape
-
-        def heads(t: torch.Tensor) -> torch.Tensor:  # (B, T, H) -> (B, A, T, D)
-            return t.view(B, T, A, H // A).transpose(1, 2)
-
-        q, k, v = heads(q), heads(k), heads(v)
-        # A packed model asked for attention probabilities runs padded for that call.
-        name = "sdpa" if self.attn_implementation == "packed" else self.attn_implementation
-        context, probs = BACKENDS[name](q, k, v, layout, p, need_weights)
-        return context.transpose(1, 2).reshape(B, T, H), probs
+        context, probs = BACKENDS[layout.kernel](q, k, v, layout.keys, p, need_weights)
+        return layout.merge_heads(context), probs
 
 
 class BertSelfOutput(nn.Module):
@@ -135,9 +120,7 @@ class BertSelfOutput(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, context: torch.Tensor, x: torch.Tensor) -> torch.Tensor:  # (B, T, H)
-        if self.training:
-            return self.LayerNorm(self.dropout(self.dense(context)).add_(x))
-        return self.LayerNorm(fused.linear_add(self.dense, context, x))
+        return self.LayerNorm(self.dropout(self.dense(context)) + x)
 
 
 class BertAttention(nn.Module):
@@ -150,19 +133,16 @@ class BertAttention(nn.Module):
         attention_dropout: float,
         hidden_dropout: float,
         layer_norm_eps: float,
-        attn_implementation: str,
     ):
         super().__init__()
-        self.self = BertSelfAttention(
-            hidden_size, num_heads, attention_dropout, attn_implementation
-        )
+        self.self = BertSelfAttention(hidden_size, num_heads, attention_dropout)
         self.output = BertSelfOutput(hidden_size, layer_norm_eps, hidden_dropout)
 
     def forward(
         self, x: torch.Tensor, layout: Layout, need_weights: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        context, probs = self.self(x, layout, need_weights)
-        return self.output(context, x), probs
+        context, probs = self.self(x, layout, need_weights)  # (B, T, H)
+        return self.output(context, x), probs  # LN(x + W_O context)
 
 
 # ============================================================================ feed-forward
@@ -176,12 +156,7 @@ class BertIntermediate(nn.Module):
         self.hidden_act = hidden_act
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, H) -> (B, T, I)
-        return fused.linear_act(self.dense, x, self.hidden_act, self.activate)
-
-    def activate(self, h: torch.Tensor) -> torch.Tensor:
-        if h.requires_grad:
-            return self.intermediate_act_fn(h)
-        return ACTIVATIONS_INPLACE[self.hidden_act](h)
+        return self.intermediate_act_fn(self.dense(x))
 
 
 class BertOutput(nn.Module):
@@ -196,16 +171,10 @@ class BertOutput(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:  # (B,T,I),(B,T,H)->(B,T,H)
-        if self.training:
-            return self.LayerNorm(self.dropout(self.dense(h)).add_(x))
-        return self.LayerNorm(fused.linear_add(self.dense, h, x))
+        return self.LayerNorm(self.dropout(self.dense(h)) + x)
 
 
 # ============================================================================ layer, encoder
-FFN_CHUNK_ABOVE = 32 << 20  # bytes: glibc's largest block served from its heap (64-bit)
-FFN_CHUNK_BYTES = 24 << 20  # bytes of intermediate per chunk, at most
-
-
 class BertLayer(nn.Module):
     """One Transformer encoder layer (post-LayerNorm, as in BERT):
     a = LN(x + MultiHead(x));  y = LN(a + FFN(a))."""
@@ -219,7 +188,6 @@ class BertLayer(nn.Module):
             c.attention_probs_dropout_prob,
             c.hidden_dropout_prob,
             c.layer_norm_eps,
-            c.attn_implementation,
         )
         self.intermediate = BertIntermediate(c.hidden_size, c.intermediate_size, c.hidden_act)
         self.output = BertOutput(
@@ -229,32 +197,12 @@ class BertLayer(nn.Module):
     def forward(
         self, x: torch.Tensor, layout: Layout, need_weights: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        a, probs = self.attention(x, layout, need_weights)
+        a, probs = self.attention(x, layout, need_weights)  # a = LN(x + MultiHead(x))
         return self.feed_forward(a), probs
 
     def feed_forward(self, a: torch.Tensor) -> torch.Tensor:
-        """LN(a + FFN(a)), (..., H) -> (..., H). In inference, when the (..., I) intermediate
-        would pass FFN_CHUNK_ABOVE bytes, the rows go through in chunks: each row's arithmetic
-        is its own, so the results are the same (up to how the math library splits a product;
-        bit-identical on the project's CPU). glibc hands out a block that large as fresh pages
-        from the kernel on every call, and each page costs a fault when first written: about
-        4% of a float32 bert-base forward on variable-length text. Chunked, the intermediate
-        is small enough for glibc to reuse, and peak memory drops."""
-        width = self.intermediate.dense.out_features * a.element_size()
-        rows = a.numel() // a.size(-1)
-        if (
-            rows * width <= FFN_CHUNK_ABOVE
-            or (torch.is_grad_enabled() and a.requires_grad)
-            or any(fused._hooked(m) for m in (*self.intermediate.modules(), *self.output.modules()))
-        ):
-            return self.output(self.intermediate(a), a)
-        chunk = 1 << ((FFN_CHUNK_BYTES // width).bit_length() - 1)  # a power of two
-        flat = a.reshape(rows, a.size(-1))
-        out = torch.empty_like(flat)
-        for s in range(0, rows, chunk):
-            part = flat[s : s + chunk]
-            out[s : s + chunk] = self.output(self.intermediate(part), part)
-        return out.view_as(a)
+        """y = LN(a + FFN(a)), (..., H) -> (..., H)."""
+        return self.output(self.intermediate(a), a)
 
 
 class BertEncoder(nn.Module):
@@ -293,7 +241,7 @@ class BertPooler(nn.Module):
         self.activation = nn.Tanh()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, T, H) -> (B, H), reading position 0; or the [CLS] vectors (B, H) directly."""
+        """The [CLS] vectors (B, H) -> (B, H); given (B, T, H), it reads position 0."""
         return self.activation(self.dense(x[:, 0] if x.dim() == 3 else x))
 
 
@@ -311,13 +259,27 @@ class BertPreTrainedModel(nn.Module):
         self.config = config
 
     def post_init(self) -> None:
-        """Initialise every weight as BERT does, then tie the output embeddings."""
+        """Initialise every weight as BERT does, tie the output embeddings, then choose the
+        inference modules for where the weights are (fast.install)."""
         self.apply(self._init_weights)
         if self.config.position_init == "sinusoidal":
             emb = self.base_model.embeddings.position_embeddings
             with torch.no_grad():
                 emb.weight.copy_(sinusoidal_positions(*emb.weight.shape))
         self.tie_weights()
+        self._install_fast_modules()
+
+    def _apply(self, fn: Callable, *args: Any, **kwargs: Any) -> BertPreTrainedModel:
+        """Every move or cast (``to``, ``bfloat16``, ``cuda`` ...) ends here: the weights may now
+        suit other inference modules, so they are chosen again."""
+        result = super()._apply(fn, *args, **kwargs)
+        self._install_fast_modules()
+        return result
+
+    def _install_fast_modules(self) -> None:
+        from bertlab.nn import fast  # imported here: fast.py builds on the classes of this file
+
+        fast.install(self)
 
     def _init_weights(self, module: nn.Module) -> None:
         std = self.config.initializer_range
@@ -345,14 +307,14 @@ class BertPreTrainedModel(nn.Module):
         return getattr(self, self.base_model_prefix, self)
 
     def set_attn_implementation(self, name: str) -> None:
-        """Switch every attention layer to another kernel ("eager" or "sdpa")."""
+        """Switch to another attention kernel ("eager", "sdpa" or "packed"). The kernel is named
+        in one place, the config (shared by this model and the encoder inside it)."""
         if name not in ATTN_IMPLEMENTATIONS:
             raise ValueError(f"attn_implementation {name!r} is not one of {ATTN_IMPLEMENTATIONS}")
+        config = self.config.replace(attn_implementation=name)
         for m in self.modules():
-            if isinstance(m, BertSelfAttention):
-                m.attn_implementation = name
-            elif isinstance(m, BertPreTrainedModel):  # this model and the encoder inside it
-                m.config = m.config.replace(attn_implementation=name)
+            if isinstance(m, BertPreTrainedModel):
+                m.config = config
 
     def num_parameters(self, trainable_only: bool = False) -> int:
         """Distinct parameters (tied weights counted once)."""
@@ -383,84 +345,13 @@ def sinusoidal_positions(num_positions: int, dim: int) -> torch.Tensor:
     return table.float()
 
 
-# ============================================================================ input checks
-def _check_range(name: str, t: torch.Tensor, limit: int, what: str) -> None:
-    bad = (t < 0) | (t >= limit)
-    if bool(bad.any()):
-        where = tuple(int(i) for i in bad.nonzero()[0])
-        value = int(t[where])
-        at = where[0] if len(where) == 1 else where
-        raise ValueError(f"{name} {value} at position {at} is outside {what}")
-
-
-def check_inputs(
-    config: BertConfig,
-    input_ids: torch.Tensor | None,
-    attention_mask: torch.Tensor | None,
-    token_type_ids: torch.Tensor | None,
-    position_ids: torch.Tensor | None,
-    inputs_embeds: torch.Tensor | None,
-) -> tuple[int, int]:
-    """Reject bad inputs with a message naming the value and the limit, before any computation.
-    Returns (B, T)."""
-    if (input_ids is None) == (inputs_embeds is None):
-        raise ValueError("give exactly one of input_ids or inputs_embeds")
-    if input_ids is not None:
-        if not isinstance(input_ids, torch.Tensor):
-            raise TypeError(f"input_ids must be a torch.Tensor, got {type(input_ids).__name__}")
-        if input_ids.is_floating_point() or input_ids.dtype == torch.bool:
-            raise ValueError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
-        if input_ids.dim() != 2:
-            raise ValueError(
-                f"input_ids must have shape (batch, seq_len), got {tuple(input_ids.shape)}"
-            )
-        shape = tuple(input_ids.shape)
-    else:
-        if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != config.hidden_size:
-            raise ValueError(
-                f"inputs_embeds must have shape (batch, seq_len, {config.hidden_size}), "
-                f"got {tuple(inputs_embeds.shape)}"
-            )
-        shape = tuple(inputs_embeds.shape[:2])
-    B, T = shape
-    if B == 0 or T == 0:
-        raise ValueError(f"empty batch: inputs have shape {shape}")
-    if T > config.max_position_embeddings:
-        raise ValueError(
-            f"sequence length {T} is longer than max_position_embeddings "
-            f"({config.max_position_embeddings})"
-        )
-    if input_ids is not None:
-        _check_range(
-            "token id", input_ids, config.vocab_size, f"the vocabulary (size {config.vocab_size})"
-        )
-    for name, t in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
-        if t is not None and tuple(t.shape) != shape:
-            raise ValueError(f"{name} has shape {tuple(t.shape)}, but the input ids have {shape}")
-    if token_type_ids is not None:
-        _check_range(
-            "token type id",
-            token_type_ids,
-            config.type_vocab_size,
-            f"type_vocab_size ({config.type_vocab_size})",
-        )
-    if position_ids is not None:
-        if tuple(position_ids.shape) not in (shape, (1, T), (T,)):
-            raise ValueError(
-                f"position_ids has shape {tuple(position_ids.shape)}, expected {shape} or ({T},)"
-            )
-        _check_range(
-            "position id",
-            position_ids,
-            config.max_position_embeddings,
-            f"max_position_embeddings ({config.max_position_embeddings})",
-        )
-    return B, T
-
-
 # ============================================================================ BertModel
 class BertModel(BertPreTrainedModel):
     """The encoder: embeddings -> L layers -> (optional) pooler."""
+
+    # Rounds a packed batch's token count up (packing.round_rows) where the products run as
+    # kernels built per shape; set by fast.install when the model is built or moved.
+    spare_rows: Callable[[int], int] | None = None
 
     def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
         super().__init__(config)
@@ -493,48 +384,27 @@ class BertModel(BertPreTrainedModel):
         output_hidden_states: bool = False,
         output_attentions: bool = False,
     ) -> Encoded:
-        """Run the encoder; the heads call this. With the packed kernel the result stays packed
-        (N, H): padding is removed once, here, before the embeddings, and only put back where a
-        caller asks for padded outputs (``Encoded.padded``)."""
+        """Run the encoder; the heads call this. The batch enters its layout once, before the
+        embeddings (packed: the padding removed), and the hidden states stay in it: only the
+        outputs a caller sees are padded back (``Encoded.padded``)."""
         B, T = check_inputs(
             self.config, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds
         )
-        if self.config.attn_implementation == "packed" and not output_attentions:
-            device = (input_ids if input_ids is not None else inputs_embeds).device
-            packing = Packing.from_mask(attention_mask, B, T, device)
-            if position_ids is None:  # each token's column, as in the padded layout
-                position_ids = torch.arange(T, device=device)
-            positions = packing.unpad(position_ids.expand(B, T).unsqueeze(-1)).squeeze(-1)
-            types = None if token_type_ids is None else packing.unpad(token_type_ids)
-            ids = None if input_ids is None else packing.unpad(input_ids)
-            embeds = None if inputs_embeds is None else packing.unpad(inputs_embeds)
-            x = self.embeddings(ids, types, positions, embeds)  # (N, H)
-            if not packing.dense and fused.shape_cached(x):  # spare rows, computed, never read
-                x = F.pad(x, (0, 0, 0, round_rows(packing.total) - packing.total))
-            layout: Layout = packing
-        else:
-            packing = None
-            x = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
-            layout = None
-            if attention_mask is not None:
-                layout = attention_mask.bool()
-                check_rows(layout)
-                if bool(layout.all()):
-                    layout = None  # no padding: let the kernel skip the mask
+        kernel = self.config.attn_implementation
+        if kernel == "packed" and output_attentions:
+            kernel = "sdpa"  # the packed kernel gives no probabilities: this call runs padded
+        device = (input_ids if input_ids is not None else inputs_embeds).device
+        layout = enter(kernel, attention_mask, B, T, device, self.spare_rows)
+        tokens = layout.inputs(input_ids, token_type_ids, position_ids, inputs_embeds)
+        x = layout.grow(self.embeddings(*tokens))  # (B, T, H), or (N, H) packed
         x, hidden_states, attentions = self.encoder(
             x, layout, output_hidden_states, output_attentions
         )
-        if packing is not None and x.shape[0] > packing.total:  # drop the spare rows
-            x = x[: packing.total]
-            if hidden_states is not None:
-                hidden_states = tuple(h[: packing.total] for h in hidden_states)
-        pooled = None
-        if self.pooler is not None:
-            pooled = self.pooler(x if packing is None else packing.first_tokens(x))
-        enc = Encoded(x, packing, pooled, None, attentions)
-        if hidden_states is not None:
-            enc.hidden_states = tuple(enc.padded(h) for h in hidden_states)
-        return enc
+        x = layout.exit(x)
+        pooled = None if self.pooler is None else self.pooler(layout.first_tokens(x))  # (B, H)
+        if hidden_states is not None:  # L+1 of (B, T, H)
+            hidden_states = tuple(layout.pad(layout.exit(h)) for h in hidden_states)
+        return Encoded(x, layout, pooled, hidden_states, attentions)
 
     def forward(
         self,
@@ -568,15 +438,20 @@ class Encoded:
     """What the encoder gives the heads: hidden states in the layout they were computed in."""
 
     hidden: torch.Tensor  # (B, T, H) padded, or (N, H) packed
-    packing: Packing | None  # how to go between the two (None: padded)
+    layout: Layout  # how to go between the two
     pooled: torch.Tensor | None  # (B, H)
     hidden_states: tuple[torch.Tensor, ...] | None  # L+1 of (B, T, H)
     attentions: tuple[torch.Tensor, ...] | None  # L of (B, A, T, T)
 
+    @property
+    def packing(self) -> Packing | None:
+        """The packing of a packed batch, None when it ran padded."""
+        return self.layout if isinstance(self.layout, Packing) else None
+
     def padded(self, t: torch.Tensor) -> torch.Tensor:
-        """A per-token tensor in the hidden layout -> (B, T, ...), zeros at padding."""
-        return t if self.packing is None else self.packing.pad(t)
+        """A per-token tensor in the hidden layout -> (B, T, ...), zeros at padding if packed."""
+        return self.layout.pad(t)
 
     def per_token(self, t: torch.Tensor) -> torch.Tensor:
         """A (B, T, ...) tensor (labels) -> the hidden layout."""
-        return t if self.packing is None else self.packing.unpad(t)
+        return self.layout.unpad(t)

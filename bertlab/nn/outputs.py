@@ -2,7 +2,8 @@
 
 Each is a dataclass; fields that were not computed are None. Like transformers' outputs they can
 also be indexed (``out[0]`` is the first field that is not None, ``out["logits"]`` a field by name)
-so code written for transformers runs unchanged.
+so code written for transformers runs unchanged. Each is also a registered pytree (its fields in
+order, None included), so torch.compile, torch.export and ONNX export can return it.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 
 Tensors = tuple[torch.Tensor, ...]
 
@@ -92,3 +94,30 @@ class MultipleChoiceModelOutput(ModelOutput):
     logits: torch.Tensor | None = None  # (B, C)
     hidden_states: Tensors | None = None
     attentions: Tensors | None = None
+
+
+def _register_pytrees() -> None:
+    """Each output class as a pytree node: its children are its fields in order (None is an
+    empty node), and unflattening builds the class again."""
+    for cls in ModelOutput.__subclasses__():
+        names = tuple(f.name for f in fields(cls))
+
+        def flatten(out: ModelOutput, names: tuple[str, ...] = names) -> tuple[list, None]:
+            return [getattr(out, n) for n in names], None
+
+        def unflatten(values: list, context: None, cls: type = cls) -> ModelOutput:
+            return cls(*values)
+
+        def flatten_with_keys(out: ModelOutput, names: tuple[str, ...] = names):
+            return [(pytree.GetAttrKey(n), getattr(out, n)) for n in names], None
+
+        pytree.register_pytree_node(
+            cls,
+            flatten,
+            unflatten,
+            serialized_type_name=f"bertlab.{cls.__name__}",
+            flatten_with_keys_fn=flatten_with_keys,
+        )
+
+
+_register_pytrees()

@@ -1,4 +1,21 @@
-"""The packed (unpadded) layout: the only place that knows it.
+"""How a batch is laid out inside the encoder, behind one enter/exit seam.
+
+    layout = enter(kernel, attention_mask, B, T, device, spare_rows)
+    x = layout.grow(embeddings(*layout.inputs(input_ids, token_type_ids, position_ids, ...)))
+    x = encoder(x, layout)          # every attention layer reads layout.kernel and its keys
+    hidden = layout.exit(x)         # (B, T, H) padded, or (N, H) packed without spare rows
+    layout.pad(per_token_output)    # -> (B, T, ...), for the outputs a user sees
+
+Two layouts: ``Padded`` (the "eager" and "sdpa" kernels: (B, T, ...) with a (B, T) key mask)
+and ``Packing`` (the "packed" kernel, below).
+
+Under torch.compile, torch.export and ONNX export a packed model runs the padded layout with the
+"sdpa" kernel: the packed token count N is data (how many ones the mask holds), and a graph
+whose shapes follow it would be specialised or recompiled per batch. The padded computation
+gives the same numbers at the real tokens (tests/test_packed.py holds packed = sdpa there), so
+one graph with dynamic batch and sequence length serves every batch (tests/test_export.py).
+
+The packed (unpadded) layout:
 
 A padded batch (B, T, ...) with an attention mask holds N <= B*T real tokens. Packed, those N
 tokens sit one after another in an (N, ...) tensor, sequence by sequence; ``cu_seqlens`` gives
@@ -11,9 +28,19 @@ and attention can run batched (``Packing.dense``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
+
+
+def tracing() -> bool:
+    """True while torch.compile, torch.export, ONNX export or torch.jit traces the model: then
+    nothing may depend on the values in a tensor (data-dependent checks are skipped, a packed
+    model runs padded)."""
+    exporting = getattr(torch.compiler, "is_exporting", lambda: False)
+    return bool(torch.compiler.is_compiling() or exporting() or torch.jit.is_tracing())
 
 
 def round_rows(n: int) -> int:
@@ -28,7 +55,10 @@ def round_rows(n: int) -> int:
 
 
 def check_rows(mask: torch.Tensor) -> None:
-    """mask (B, T) bool: refuse a row without a single token (every kernel calls this)."""
+    """mask (B, T) bool: refuse a row without a single token (every kernel calls this). Skipped
+    while tracing: the check reads the mask's values."""
+    if tracing():
+        return
     empty = (~mask.any(1)).nonzero()
     if len(empty):
         raise ValueError(
@@ -65,7 +95,15 @@ class Packing:
     cu_seqlens: torch.Tensor  # (B+1,) int32: sequence b is packed rows cu[b]:cu[b+1]
     lengths: tuple[int, ...]  # (B,) real tokens per sequence
     max_seqlen: int
+    rows: int = 0  # rows the encoder runs on: N, or more with spare rows (0: N)
     _windows: dict = field(default_factory=dict, repr=False, compare=False)
+
+    kernel = "packed"  # the attention kernel of this layout (attention.BACKENDS)
+
+    @property
+    def keys(self) -> Packing:
+        """What the kernel reads to know which keys each query sees: the packing itself."""
+        return self
 
     @property
     def dense(self) -> bool:
@@ -78,9 +116,17 @@ class Packing:
         return int(sum(self.lengths))
 
     @classmethod
-    def from_mask(cls, mask: torch.Tensor | None, batch: int, seq_len: int, device) -> Packing:
+    def from_mask(
+        cls,
+        mask: torch.Tensor | None,
+        batch: int,
+        seq_len: int,
+        device,
+        spare_rows: Callable[[int], int] | None = None,
+    ) -> Packing:
         """mask (B, T), nonzero at real tokens, or None for no padding. Every row must hold a
-        token: an all-padding row has nothing to attend over and is refused."""
+        token: an all-padding row has nothing to attend over and is refused. ``spare_rows``
+        (e.g. ``round_rows``) gives the rows to run a batch with padding on."""
         if mask is None or bool(mask.bool().all()):
             lengths = (seq_len,) * batch
             indices = None
@@ -91,7 +137,39 @@ class Packing:
             indices = mask.reshape(-1).nonzero().squeeze(1)
         cu = torch.zeros(batch + 1, dtype=torch.int32)
         cu[1:] = torch.tensor(lengths).cumsum(0)
-        return cls(batch, seq_len, indices, cu.to(device), lengths, max(lengths))
+        n = int(sum(lengths))
+        rows = spare_rows(n) if spare_rows is not None and indices is not None else n
+        return cls(batch, seq_len, indices, cu.to(device), lengths, max(lengths), rows)
+
+    # ------------------------------------------------------------------ the seam
+    def inputs(
+        self,
+        input_ids: torch.Tensor | None,  # (B, T)
+        token_type_ids: torch.Tensor | None,  # (B, T)
+        position_ids: torch.Tensor | None,  # (B, T), (1, T) or (T,)
+        inputs_embeds: torch.Tensor | None,  # (B, T, H)
+    ) -> tuple[torch.Tensor | None, ...]:
+        """The embeddings' inputs for the real tokens only, (N,) and (N, H). Each token keeps
+        the position of its column, as in the padded layout."""
+        B, T = self.batch, self.seq_len
+        if position_ids is None:
+            position_ids = torch.arange(T, device=self.cu_seqlens.device)
+        positions = self.unpad(position_ids.expand(B, T).unsqueeze(-1)).squeeze(-1)
+        ids, types, embeds = (
+            None if t is None else self.unpad(t) for t in (input_ids, token_type_ids, inputs_embeds)
+        )
+        return ids, types, positions, embeds
+
+    def grow(self, x: torch.Tensor) -> torch.Tensor:
+        """(N, H) -> (rows, H): spare rows after the last token, computed by every layer and
+        read by no sequence (see round_rows). Only where no gradient is recorded."""
+        if self.rows <= self.total or x.requires_grad:
+            return x
+        return F.pad(x, (0, 0, 0, self.rows - self.total))
+
+    def exit(self, x: torch.Tensor) -> torch.Tensor:
+        """(rows, ...) -> (N, ...): the real tokens, spare rows dropped."""
+        return x[: self.total] if x.shape[0] > self.total else x
 
     def windows(
         self, rows: int, dtype: torch.dtype, device, align: int = WINDOW_ALIGN
@@ -141,3 +219,80 @@ class Packing:
     def first_tokens(self, x: torch.Tensor) -> torch.Tensor:
         """(N, ...) -> (B, ...): each sequence's first real token (its [CLS])."""
         return x.index_select(0, self.cu_seqlens[:-1].long())
+
+    def split_heads(self, t: torch.Tensor, heads: int) -> torch.Tensor:
+        """(N, H) -> (N, A, D), the packed kernel's layout of queries, keys and values."""
+        return t.view(t.shape[0], heads, t.shape[-1] // heads)
+
+    def merge_heads(self, t: torch.Tensor) -> torch.Tensor:
+        """(N, A, D) -> (N, H)."""
+        return t.reshape(t.shape[0], -1)
+
+
+@dataclass(frozen=True)
+class Padded:
+    """The padded layout of the "eager" and "sdpa" kernels: tensors stay (B, T, ...)."""
+
+    kernel: str  # "eager" or "sdpa" (attention.BACKENDS)
+    mask: torch.Tensor | None  # (B, T) bool, True at real tokens; None: no padding
+
+    @property
+    def keys(self) -> torch.Tensor | None:
+        """What the kernel reads to know which keys each query sees: the (B, T) mask."""
+        return self.mask
+
+    def inputs(self, *tensors: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+        return tensors
+
+    def grow(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def exit(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def pad(self, x: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
+        return x
+
+    def unpad(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def first_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, ...) -> (B, ...): the token in column 0 (the [CLS]), as the reference reads."""
+        return x[:, 0]
+
+    def split_heads(self, t: torch.Tensor, heads: int) -> torch.Tensor:
+        """(B, T, H) -> (B, A, T, D)."""
+        B, T, H = t.shape
+        return t.view(B, T, heads, H // heads).transpose(1, 2)
+
+    def merge_heads(self, t: torch.Tensor) -> torch.Tensor:
+        """(B, A, T, D) -> (B, T, H)."""
+        B, A, T, D = t.shape
+        return t.transpose(1, 2).reshape(B, T, A * D)
+
+
+Layout = Padded | Packing
+
+
+def enter(
+    kernel: str,
+    mask: torch.Tensor | None,
+    batch: int,
+    seq_len: int,
+    device: torch.device,
+    spare_rows: Callable[[int], int] | None = None,
+) -> Layout:
+    """The layout a batch runs in. kernel: the config's attn_implementation, or "sdpa" for a
+    packed model asked for attention probabilities. mask (B, T), nonzero at real tokens, or None.
+    While tracing (compile, export), a packed model runs padded: see the module docstring."""
+    if kernel == "packed" and not tracing():
+        return Packing.from_mask(mask, batch, seq_len, device, spare_rows)
+    if kernel == "packed":
+        kernel = "sdpa"
+    if mask is None:
+        return Padded(kernel, None)
+    mask = mask.bool()
+    check_rows(mask)
+    if not tracing() and bool(mask.all()):
+        mask = None  # no padding: let the kernel skip the mask
+    return Padded(kernel, mask)
