@@ -175,9 +175,7 @@ def bench_finetune(config: FinetuneConfig, seconds: float, progress: bool = True
     # same planned steps for its schedule.
     report["bertlab"] = b = _run_bertlab(config, run, seconds, progress)
     planned = b["planned_steps"]
-    report["transformers"] = t = _run_transformers(
-        config, run, hf, key, seconds, progress, planned
-    )
+    report["transformers"] = t = _run_transformers(config, run, hf, key, seconds, progress, planned)
     del hf
     report["speedup"] = b["tokens_per_s"] / t["tokens_per_s"]
     report["difference"] = b["dev"][key] - t["dev"][key]

@@ -44,8 +44,7 @@ from bertlab.tasks.finetuning import FinetuneTask, Split
 from bertlab.tasks.qa import QuestionAnsweringTask
 from bertlab.tasks.tag import TaggingTask
 from bertlab.tokenizer import BertTokenizer
-from bertlab.train.loop import CHECKPOINT, TrainConfig, TrainingInterrupted, train
-
+from bertlab.train.loop import CHECKPOINT, TrainConfig, train
 
 logger = logging.getLogger("bertlab")
 TASKS: dict[str, type[FinetuneTask]] = {
