@@ -218,10 +218,11 @@ def test_a_time_budget_plans_the_steps_and_decays_the_rate_to_zero_at_its_end(
 ):
     clock = FakeClock()
     monkeypatch.setattr(loop, "clock", clock)
-    cfg = TrainConfig(out_dir=str(tmp_path), steps=100, warmup_steps=10, lr=1e-3, max_seconds=10.5)
+    cfg = TrainConfig(out_dir=str(tmp_path), steps=100, warmup_steps=10, lr=1e-3, max_seconds=10.7)
     last = train(model(), slow_task(clock), data, cfg)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    # The plan comes after 1 skipped + 3 timed steps of 1 s: 4 s spent, 6 more steps fit.
+    # The plan comes after 1 skipped + 3 timed steps of 1 s: 4 s spent, 6.7 s left, of which
+    # the plan fills 90% (loop.PLAN_SHARE): 6 more steps.
     plan = torch.load(tmp_path / "checkpoint.pt", weights_only=True)["plan"]
     assert plan == {"steps": 10, "warmup": 1, "seconds_per_step": 1.0}  # warm-up 10 * 10/100
     assert last["step"] == last["planned_steps"] == len(rows) == 10 < cfg.steps
@@ -238,7 +239,7 @@ def test_a_resumed_budget_run_keeps_its_plan_and_equals_the_unbroken_one(tmp_pat
     monkeypatch.setattr(loop, "clock", clock)
 
     def config(out):
-        return TrainConfig(out_dir=str(out), steps=100, warmup_steps=10, lr=1e-3, max_seconds=10.5)
+        return TrainConfig(out_dir=str(out), steps=100, warmup_steps=10, lr=1e-3, max_seconds=10.7)
 
     train(model(), slow_task(clock), data, config(tmp_path / "full"))
     part = tmp_path / "part"
@@ -258,7 +259,7 @@ def test_the_first_steps_one_off_cost_is_left_out_of_the_plan(tmp_path, monkeypa
     monkeypatch.setattr(loop, "clock", clock)
     cfg = TrainConfig(out_dir=str(tmp_path), steps=50, lr=1e-3, max_seconds=12.5)
     last = train(model(), slow_task(clock, first=5.0), data, cfg)
-    # 5 s, then 1 s a step: planned after 8 s at step 4, with 4.5 s left for 4 more steps.
+    # 5 s, then 1 s a step: planned after 8 s at step 4, with 4.5 s left: 90% hold 4 more steps.
     plan = torch.load(tmp_path / "checkpoint.pt", weights_only=True)["plan"]
     assert plan["seconds_per_step"] == 1.0 and plan["steps"] == last["step"] == 8
 

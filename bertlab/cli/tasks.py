@@ -90,7 +90,8 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
 
 
 def cmd_finetune(args: argparse.Namespace) -> int:
-    from bertlab.train.finetune import FinetuneConfig, TrainingInterrupted, finetune, resume_command
+    from bertlab.train.finetune import FinetuneConfig, finetune, resume_command
+    from bertlab.train.loop import TrainingInterrupted
 
     names = (
         "train",

@@ -291,7 +291,9 @@ def finetune(
         "report": run.report,
         "steps": step,
         "planned_steps": int(last.get("planned_steps", run.steps)),  # the plan of a budget
-        "seconds": float(last.get("train_seconds", 0.0)),  # what max_seconds counts
+        # What max_seconds counts: training time over the whole run, a resumed run's included;
+        # evaluation and wall time are this call's.
+        "seconds": float(last.get("train_seconds", 0.0)),
         "eval_seconds": spent["eval"],
         "wall_seconds": time.perf_counter() - started,
         "train_examples": len(run.train.features),

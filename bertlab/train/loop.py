@@ -215,6 +215,10 @@ SKIPPED_STEPS = 1  # the first step of a process pays one-off costs (allocation,
 TIMED_STEPS = 3  # at least this many steps after it are timed for the plan,
 TIMED_FRACTION = 0.05  # and at least this share of the budget (one step's time is noisy),
 TIMED_SECONDS = 60.0  # or this long, whichever is shorter
+# The plan fills this share of the budget's remaining seconds. Step times drift (a busy
+# machine, longer batches): a run planned to the last second is cut by the guard with its rate
+# still up, where one planned with room ends its schedule, the rate decayed to 0.
+PLAN_SHARE = 0.9
 
 
 @dataclass(frozen=True)
@@ -224,11 +228,12 @@ class Plan:
     After ``SKIPPED_STEPS`` steps the loop times the next ones, at least ``TIMED_STEPS`` of them
     and ``TIMED_FRACTION`` of the budget (or ``TIMED_SECONDS``), takes their mean time
     (``seconds_per_step``, averaged over ranks so every rank plans alike) and fits the rest of
-    the budget: ``steps`` = the steps done + the whole steps the remaining seconds hold, never
-    more than ``TrainConfig.steps``. From then on the schedule warms up over ``warmup`` steps
-    (``TrainConfig.warmup_steps`` scaled by steps / ``TrainConfig.steps``) and decays to 0 at
-    ``steps``; the few steps before the plan ran on the unplanned schedule's first values. A
-    resumed run keeps the plan, so it takes the very steps of an unbroken one.
+    the budget: ``steps`` = the steps done + the whole steps that ``PLAN_SHARE`` of the
+    remaining seconds hold, never more than ``TrainConfig.steps``. From then on the schedule
+    warms up over ``warmup`` steps (``TrainConfig.warmup_steps`` scaled by steps /
+    ``TrainConfig.steps``) and decays to 0 at ``steps``; the few steps before the plan ran on
+    the unplanned schedule's first values. A resumed run keeps the plan, so it takes the very
+    steps of an unbroken one.
     """
 
     steps: int
@@ -238,7 +243,7 @@ class Plan:
     @classmethod
     def fit(cls, config: TrainConfig, done: int, elapsed: float, per_step: float) -> Plan:
         assert config.max_seconds is not None, "a plan needs a time budget"
-        left = max(0.0, config.max_seconds - elapsed)
+        left = max(0.0, config.max_seconds - elapsed) * PLAN_SHARE
         fits = math.floor(left / per_step) if per_step > 0 else config.steps
         steps = max(done, min(config.steps, done + fits))
         warmup = round(config.warmup_steps * steps / config.steps)
