@@ -10,17 +10,9 @@ import argparse
 import sys
 
 from bertlab.files import BUNDLED_NAMES
+from bertlab.nn.heads import HEADS
 
-EXPORT_HEADS = (
-    "base",
-    "pretraining",
-    "masked-lm",
-    "nsp",
-    "sequence-classification",
-    "token-classification",
-    "question-answering",
-    "multiple-choice",
-)  # the keys of bertlab.explore.summary.HEADS (tests/test_export.py holds them equal)
+EXPORT_HEADS = tuple(HEADS)  # the names of bertlab summary --head
 
 
 def add_parsers(subparsers: argparse._SubParsersAction) -> None:

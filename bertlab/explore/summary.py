@@ -18,26 +18,11 @@ import torch
 
 from bertlab.nn.config import BertConfig
 from bertlab.nn.heads import (
-    BertForMaskedLM,
+    HEADS,
     BertForMultipleChoice,
-    BertForNextSentencePrediction,
-    BertForPreTraining,
-    BertForQuestionAnswering,
-    BertForSequenceClassification,
     BertForTokenClassification,
 )
 from bertlab.nn.model import BertModel, BertPreTrainedModel
-
-HEADS: dict[str, type[BertPreTrainedModel]] = {
-    "base": BertModel,
-    "pretraining": BertForPreTraining,
-    "masked-lm": BertForMaskedLM,
-    "nsp": BertForNextSentencePrediction,
-    "sequence-classification": BertForSequenceClassification,
-    "token-classification": BertForTokenClassification,
-    "question-answering": BertForQuestionAnswering,
-    "multiple-choice": BertForMultipleChoice,
-}
 
 TIED = "tied to word_embeddings"  # the formula of a weight shared with the word embeddings: 0 new
 LEGEND = "V vocab, H hidden, P max positions, Y token types, I intermediate, K labels, L layers"

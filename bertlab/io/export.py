@@ -35,6 +35,7 @@ from torch import nn
 from bertlab.files import resolve_model_dir
 from bertlab.io.checkpoint import PT_BIN, PT_BIN_INDEX, SAFETENSORS, SAFETENSORS_INDEX
 from bertlab.nn.config import BertConfig
+from bertlab.nn.heads import HEADS
 from bertlab.nn.model import BertPreTrainedModel
 
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -59,8 +60,6 @@ class ExportCheckError(ValueError):
 
 def heads() -> dict[str, type[BertPreTrainedModel]]:
     """The heads by command-line name (those of ``bertlab summary``)."""
-    from bertlab.explore.summary import HEADS
-
     return HEADS
 
 

@@ -455,3 +455,16 @@ MODEL_CLASSES: dict[str, type[BertPreTrainedModel]] = {
         BertForMultipleChoice,
     )
 }
+
+
+# The heads by the names the command line uses (bertlab summary --head, bertlab export --head).
+HEADS: dict[str, type[BertPreTrainedModel]] = {
+    "base": BertModel,
+    "pretraining": BertForPreTraining,
+    "masked-lm": BertForMaskedLM,
+    "nsp": BertForNextSentencePrediction,
+    "sequence-classification": BertForSequenceClassification,
+    "token-classification": BertForTokenClassification,
+    "question-answering": BertForQuestionAnswering,
+    "multiple-choice": BertForMultipleChoice,
+}
