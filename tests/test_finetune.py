@@ -161,6 +161,10 @@ def test_refusals_before_any_training(sst2, tmp_path):
             tmp_path / "q",
             progress=False,
         )
+    preset = FinetuneConfig(task="classify", train=str(sst2 / "train.tsv"), model="base")
+    with pytest.raises(ValueError, match="starts from a model folder .*'base' is a preset"):
+        finetune(preset, tmp_path / "p", progress=False)
+    assert not (tmp_path / "p").exists()
 
 
 # ============================================================================ task objects

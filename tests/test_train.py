@@ -200,11 +200,17 @@ class FakeClock:
         return self.now
 
 
-def slow_task(clock: FakeClock, interrupt_at: int | None = None, first: float = 1.0):
+def slow_task(
+    clock: FakeClock,
+    interrupt_at: int | None = None,
+    first: float = 1.0,
+    slower_from: int | None = None,
+):
     calls = {"n": 0}
 
     def run(m, batch):
-        clock.now += first if calls["n"] == 0 else 1.0
+        late = slower_from is not None and calls["n"] >= slower_from
+        clock.now += first if calls["n"] == 0 else 2.0 if late else 1.0
         if calls["n"] == interrupt_at:
             os.kill(os.getpid(), signal.SIGINT)  # the loop finishes this step, saves, stops
         calls["n"] += 1
@@ -232,6 +238,21 @@ def test_a_time_budget_plans_the_steps_and_decays_the_rate_to_zero_at_its_end(
     planned = linear_schedule(1, 10)
     assert [r["lr"] for r in rows[3:]] == pytest.approx([1e-3 * planned(s) for s in range(4, 11)])
     assert rows[-1]["lr"] == 0.0
+
+
+def test_steps_that_slow_down_after_the_plan_shrink_it_so_the_run_ends_on_its_schedule(
+    tmp_path, monkeypatch
+):
+    clock = FakeClock()
+    monkeypatch.setattr(loop, "clock", clock)
+    cfg = TrainConfig(out_dir=str(tmp_path), steps=100, warmup_steps=10, lr=1e-3, max_seconds=20)
+    last = train(model(), slow_task(clock, slower_from=4), data, cfg)  # 1 s, then 2 s a step
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    plans = [r["planned_steps"] for r in rows[3:]]  # from the first plan on
+    assert len(set(plans)) > 1 and plans == sorted(plans, reverse=True)  # it only shrank
+    assert last["step"] == last["planned_steps"] == plans[-1]  # ended on the plan, not cut
+    assert "stopped_by_time" not in last and rows[-1]["lr"] == 0.0
+    assert rows[-1]["train_seconds"] <= cfg.max_seconds
 
 
 def test_a_resumed_budget_run_keeps_its_plan_and_equals_the_unbroken_one(tmp_path, monkeypatch):

@@ -38,13 +38,13 @@ from typing import Any
 
 import torch
 
-from bertlab.files import resolve_model_dir
+from bertlab.nn.config import resolve_source
 from bertlab.tasks.classify import ClassificationTask
 from bertlab.tasks.finetuning import FinetuneTask, Split
 from bertlab.tasks.qa import QuestionAnsweringTask
 from bertlab.tasks.tag import TaggingTask
 from bertlab.tokenizer import BertTokenizer
-from bertlab.train.loop import CHECKPOINT, TrainConfig, train
+from bertlab.train.loop import CHECKPOINT, RUN_FILE, TrainConfig, check_run_folder, train
 
 logger = logging.getLogger("bertlab")
 TASKS: dict[str, type[FinetuneTask]] = {
@@ -52,7 +52,6 @@ TASKS: dict[str, type[FinetuneTask]] = {
     "tag": TaggingTask,
     "qa": QuestionAnsweringTask,
 }
-RUN_FILE = "run.json"  # the settings of a run folder; --resume must repeat them
 BEST_FILE = "best.json"  # the best evaluation so far, while a run is under way
 
 
@@ -143,7 +142,13 @@ class Prepared:
 
 def prepare(config: FinetuneConfig, progress: bool = False) -> Prepared:
     """Read and check the data, encode it, and build the task and the starting model."""
-    directory = resolve_model_dir(config.model)
+    source = resolve_source(config.model)
+    if source.folder is None:  # a preset or a config file: no weights, no vocabulary
+        raise ValueError(
+            f"fine-tuning starts from a model folder (weights and vocabulary); {config.model!r} "
+            f"is a {source.kind} ({source.description})"
+        )
+    directory = source.folder
     tokenizer = BertTokenizer.from_pretrained(directory)
     task, train_split, dev, report = TASKS[config.task].read(config, tokenizer)
     if not train_split.features:
@@ -170,32 +175,6 @@ def prepare(config: FinetuneConfig, progress: bool = False) -> Prepared:
     return Prepared(tokenizer, task, train_split, dev, report, model, per_epoch, steps)
 
 
-def _check_run_folder(out: Path, settings: dict, resume: bool, overwrite: bool) -> None:
-    """A new run needs an empty folder (or ``overwrite``); a resumed one its checkpoint and
-    the same settings."""
-    if resume:
-        if not (out / CHECKPOINT).exists() and not (out / (CHECKPOINT + ".prev")).exists():
-            raise FileNotFoundError(f"--resume: {out} holds no checkpoint to resume from")
-        if (out / RUN_FILE).is_file():
-            before = json.loads((out / RUN_FILE).read_text("utf-8"))
-            changed = sorted(
-                k for k in set(before) | set(settings) if before.get(k) != settings.get(k)
-            )
-            if changed:
-                raise ValueError(
-                    f"--resume: these settings differ from the run in {out}: "
-                    + ", ".join(f"{k} {before.get(k)!r} -> {settings.get(k)!r}" for k in changed)
-                )
-        return
-    names = ("metrics.jsonl", "model", CHECKPOINT, RUN_FILE)
-    held = [name for name in names if (out / name).exists()]
-    if held and not overwrite:
-        raise FileExistsError(
-            f"{out} already holds a run ({', '.join(held)}): pass --resume to continue it "
-            "or --overwrite to replace it"
-        )
-
-
 def finetune(
     config: FinetuneConfig,
     out_dir: str | Path,
@@ -214,7 +193,7 @@ def finetune(
     started = time.perf_counter()
     out = Path(out_dir)
     settings = json.loads(json.dumps(asdict(config)))  # as run.json holds them
-    _check_run_folder(out, settings, resume, overwrite)
+    check_run_folder(out, settings, resume, overwrite)
     run = prepared or prepare(config, progress)
     task, tokenizer, dev, model = run.task, run.tokenizer, run.dev, run.model
     tc = TrainConfig(

@@ -67,6 +67,34 @@ __all__ = [
 
 logger = logging.getLogger("bertlab")
 CHECKPOINT = "checkpoint.pt"
+RUN_FILE = "run.json"  # the settings of a run folder; --resume must repeat them
+
+
+def check_run_folder(out: Path, settings: dict[str, Any], resume: bool, overwrite: bool) -> None:
+    """Before a run writes anything: a new run needs a folder that holds no run (or
+    ``overwrite``); a resumed one needs its checkpoint and the settings in its ``run.json``."""
+    if resume:
+        if not (out / CHECKPOINT).exists() and not (out / (CHECKPOINT + ".prev")).exists():
+            raise FileNotFoundError(f"--resume: {out} holds no checkpoint to resume from")
+        if (out / RUN_FILE).is_file():
+            before = json.loads((out / RUN_FILE).read_text("utf-8"))
+            changed = sorted(
+                k for k in set(before) | set(settings) if before.get(k) != settings.get(k)
+            )
+            if changed:
+                raise ValueError(
+                    f"--resume: these settings differ from the run in {out}: "
+                    + ", ".join(f"{k} {before.get(k)!r} -> {settings.get(k)!r}" for k in changed)
+                )
+        return
+    held = [n for n in (RUN_FILE, CHECKPOINT, "metrics.jsonl", "model") if (out / n).exists()]
+    if held and not overwrite:
+        raise FileExistsError(
+            f"{out} already holds a run ({', '.join(held)}): pass --resume to continue it "
+            "or --overwrite to replace it"
+        )
+
+
 clock = time.perf_counter  # the loop's clock (a test may replace it with a deterministic one)
 
 
@@ -232,8 +260,10 @@ class Plan:
     remaining seconds hold, never more than ``TrainConfig.steps``. From then on the schedule
     warms up over ``warmup`` steps (``TrainConfig.warmup_steps`` scaled by steps /
     ``TrainConfig.steps``) and decays to 0 at ``steps``; the few steps before the plan ran on
-    the unplanned schedule's first values. A resumed run keeps the plan, so it takes the very
-    steps of an unbroken one.
+    the unplanned schedule's first values. Should the steps slow down so that the planned ones
+    no longer fit (a busy machine, longer batches), the plan is fitted again, shorter, from the
+    mean step time so far, so that the run still ends on its schedule. A resumed run keeps the
+    plan, so it takes the very steps of an unbroken one.
     """
 
     steps: int
@@ -434,14 +464,24 @@ class Run:
             timed >= min(TIMED_FRACTION * c.max_seconds, TIMED_SECONDS)
         )
         # One message: every rank learns whether any rank is late or ready to plan, and the
-        # mean step time, so that all stop, and plan, at the same step.
-        late, ready, per_step = sum_over_ranks(
-            [float(self.ends[-1] + per_step > c.max_seconds), float(enough), per_step]
+        # mean step time and training time, so that all stop, and plan, at the same step.
+        late, ready, per_step, elapsed = sum_over_ranks(
+            [
+                float(self.ends[-1] + per_step > c.max_seconds),
+                float(enough),
+                per_step,
+                self.ends[-1],
+            ]
         )
-        per_step /= self.world_size
+        per_step, elapsed = per_step / self.world_size, elapsed / self.world_size
         self.late = late > 0
-        if self.plan is None and ready > 0:
-            self.plan = Plan.fit(c, self.done, self.ends[-1], per_step)
+        replan = (  # steps that slowed down since the plan would not all fit: it shrinks
+            self.plan is not None
+            and self.done < self.plan.steps
+            and elapsed + (self.plan.steps - self.done) * per_step > c.max_seconds
+        )
+        if (self.plan is None and ready > 0) or replan:
+            self.plan = Plan.fit(c, self.done, elapsed, per_step)
             if self.main:
                 logger.warning(
                     "time budget %gs: %d of %d steps fit (%.3gs a step); warm-up %d steps, "

@@ -33,10 +33,9 @@ from bertlab.distributed import world
 from bertlab.nn.config import resolve_source
 from bertlab.nn.heads import BertForMaskedLM, BertForPreTraining
 from bertlab.tasks.pretraining import PretrainingObjective
-from bertlab.train.loop import CHECKPOINT, TrainConfig, train
+from bertlab.train.loop import CHECKPOINT, RUN_FILE, TrainConfig, check_run_folder, train
 
 logger = logging.getLogger("bertlab")
-RUN_FILE = "run.json"  # the settings of a run folder; --resume must match them
 
 
 # ============================================================================ the command
@@ -88,32 +87,6 @@ def build_model(source: str, vocab_size: int, dropout: float | None) -> BertForP
         return BertForPreTraining(found.config.replace(**over))
     drop = {k: v for k, v in over.items() if k != "vocab_size"}
     return BertForPreTraining.from_pretrained(found.folder, **drop)
-
-
-def _check_run_folder(out: Path, settings: dict, resume: bool, overwrite: bool) -> None:
-    held = [
-        p.name
-        for p in (out / RUN_FILE, out / CHECKPOINT, out / "metrics.jsonl", out / "model")
-        if p.exists()
-    ]
-    if resume:
-        if not (out / CHECKPOINT).exists() and not (out / (CHECKPOINT + ".prev")).exists():
-            raise FileNotFoundError(f"--resume: {out} holds no checkpoint to resume from")
-        if (out / RUN_FILE).is_file():
-            before = json.loads((out / RUN_FILE).read_text("utf-8"))
-            changed = sorted(
-                k for k in set(before) | set(settings) if before.get(k) != settings.get(k)
-            )
-            if changed:
-                raise ValueError(
-                    f"--resume: these settings differ from the run in {out}: "
-                    + ", ".join(f"{k} {before.get(k)!r} -> {settings.get(k)!r}" for k in changed)
-                )
-    elif held and not overwrite:
-        raise FileExistsError(
-            f"{out} already holds a run ({', '.join(held)}): pass --resume "
-            "to continue it or --overwrite to replace it"
-        )
 
 
 def pretrain(config: PretrainConfig, resume: bool = False, overwrite: bool = False) -> dict:
@@ -200,7 +173,7 @@ def pretrain(config: PretrainConfig, resume: bool = False, overwrite: bool = Fal
         "world_size": world_size,
     }
     settings["train"]["betas"] = list(settings["train"]["betas"])
-    _check_run_folder(out, settings, resume, overwrite)
+    check_run_folder(out, settings, resume, overwrite)
 
     objective = PretrainingObjective(world_size)
     eval_fn, eval_every = None, 0
