@@ -58,11 +58,6 @@ class ExportCheckError(ValueError):
     """The exported graph did not run in onnxruntime, or its outputs differ from eager."""
 
 
-def heads() -> dict[str, type[BertPreTrainedModel]]:
-    """The heads by command-line name (those of ``bertlab summary``)."""
-    return HEADS
-
-
 @dataclass(frozen=True)
 class ExportReport:
     """What ``export_onnx`` wrote and how it checked it."""
@@ -311,7 +306,7 @@ def _check_source(model_dir: Path) -> dict[str, Any]:
 
 def _default_head(data: dict[str, Any]) -> str:
     """The head that config.json's architectures names, or "base"."""
-    by_class = {cls.__name__: name for name, cls in heads().items()}
+    by_class = {cls.__name__: name for name, cls in HEADS.items()}
     for arch in data.get("architectures") or ():
         if arch in by_class:
             return by_class[arch]
@@ -327,15 +322,15 @@ def export_onnx(
     atol: float = ATOL,
 ) -> ExportReport:
     """Export the model in ``model_dir`` (a folder, or "default" for the bundled model) with
-    ``head`` (a key of ``heads()``; default: the one config.json's architectures names, else
+    ``head`` (a key of ``nn.heads.HEADS``; default: the one config.json's architectures names, else
     "base") to ``out_dir/model.onnx``, with config.json and the tokenizer files, after checking
     it in onnxruntime (see the module docstring). ``out_dir`` must not hold files unless
     ``overwrite``. Int8 export is not offered: quantise the ONNX file with onnxruntime's tools."""
     source = resolve_model_dir(model_dir)
     data = _check_source(source)
     head = _default_head(data) if head is None else head
-    if head not in heads():
-        raise ValueError(f"unknown head {head!r}; choose one of {', '.join(heads())}")
+    if head not in HEADS:
+        raise ValueError(f"unknown head {head!r}; choose one of {', '.join(HEADS)}")
     if not 7 <= opset <= 23:
         raise ValueError(f"opset {opset} is outside the range the exporter supports (7 to 23)")
     target = Path(out_dir)
@@ -350,7 +345,7 @@ def export_onnx(
         raise FileExistsError(f"{target} already holds files; pass --overwrite to replace them")
     _require_onnx()
 
-    model = heads()[head].from_pretrained(source).eval()
+    model = HEADS[head].from_pretrained(source).eval()
     traced, checked = _batches(model)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))

@@ -67,26 +67,24 @@ class FusedLinear(nn.Linear):
         return super().forward(x)
 
 
-class FastSelfOutput(BertSelfOutput):
-    """LN(W_O context + x), the sum written into the product's buffer (or fused by oneDNN)."""
+class _FastResidual:
+    """LN(dense(h) + x) for BertSelfOutput and BertOutput: the sum written into the product's
+    buffer, or fused into it by oneDNN. h (..., in), x (..., H) -> (..., H)."""
 
-    def forward(self, context: torch.Tensor, x: torch.Tensor) -> torch.Tensor:  # (B, T, H)
+    def forward(self, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         if tracing():
-            return super().forward(context, x)
+            return super().forward(h, x)  # the paper's module (the next class in the MRO)
         if self.training:  # the sum into dropout's fresh output (its backward needs only its mask)
-            return self.LayerNorm(self.dropout(self.dense(context)).add_(x))
-        return self.LayerNorm(fused.linear_add(self.dense, context, x))
-
-
-class FastOutput(BertOutput):
-    """LN(h W_2 + b_2 + x), as FastSelfOutput."""
-
-    def forward(self, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:  # (B,T,I),(B,T,H)->(B,T,H)
-        if tracing():
-            return super().forward(h, x)
-        if self.training:
             return self.LayerNorm(self.dropout(self.dense(h)).add_(x))
         return self.LayerNorm(fused.linear_add(self.dense, h, x))
+
+
+class FastSelfOutput(_FastResidual, BertSelfOutput):
+    """LN(W_O context + x)."""
+
+
+class FastOutput(_FastResidual, BertOutput):
+    """LN(h W_2 + b_2 + x)."""
 
 
 class FastIntermediate(BertIntermediate):

@@ -44,7 +44,8 @@ from bertlab.tasks.finetuning import FinetuneTask, Split
 from bertlab.tasks.qa import QuestionAnsweringTask
 from bertlab.tasks.tag import TaggingTask
 from bertlab.tokenizer import BertTokenizer
-from bertlab.train.loop import CHECKPOINT, RUN_FILE, TrainConfig, check_run_folder, train
+from bertlab.train.loop import TrainConfig, train
+from bertlab.train.runs import CHECKPOINT, RUN_FILE, check_run_folder
 
 logger = logging.getLogger("bertlab")
 TASKS: dict[str, type[FinetuneTask]] = {

@@ -35,7 +35,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import random
 import signal
 import threading
@@ -50,9 +49,9 @@ import torch
 from torch import nn
 
 from bertlab.distributed import rng_state, set_rng_state, sum_over_ranks, world
-from bertlab.files import atomic_write
 from bertlab.progress import Progress
 from bertlab.tasks import Task
+from bertlab.train.runs import CHECKPOINT, load_checkpoint, save_checkpoint
 
 __all__ = [
     "CHECKPOINT",
@@ -66,35 +65,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("bertlab")
-CHECKPOINT = "checkpoint.pt"
-RUN_FILE = "run.json"  # the settings of a run folder; --resume must repeat them
-
-
-def check_run_folder(out: Path, settings: dict[str, Any], resume: bool, overwrite: bool) -> None:
-    """Before a run writes anything: a new run needs a folder that holds no run (or
-    ``overwrite``); a resumed one needs its checkpoint and the settings in its ``run.json``."""
-    if resume:
-        if not (out / CHECKPOINT).exists() and not (out / (CHECKPOINT + ".prev")).exists():
-            raise FileNotFoundError(f"--resume: {out} holds no checkpoint to resume from")
-        if (out / RUN_FILE).is_file():
-            before = json.loads((out / RUN_FILE).read_text("utf-8"))
-            changed = sorted(
-                k for k in set(before) | set(settings) if before.get(k) != settings.get(k)
-            )
-            if changed:
-                raise ValueError(
-                    f"--resume: these settings differ from the run in {out}: "
-                    + ", ".join(f"{k} {before.get(k)!r} -> {settings.get(k)!r}" for k in changed)
-                )
-        return
-    held = [n for n in (RUN_FILE, CHECKPOINT, "metrics.jsonl", "model") if (out / n).exists()]
-    if held and not overwrite:
-        raise FileExistsError(
-            f"{out} already holds a run ({', '.join(held)}): pass --resume to continue it "
-            "or --overwrite to replace it"
-        )
-
-
 clock = time.perf_counter  # the loop's clock (a test may replace it with a deterministic one)
 
 
@@ -214,28 +184,6 @@ def linear_schedule(warmup: int, total: int) -> Callable[[int], float]:
         return max(0.0, (total - step) / max(1, total - warmup))
 
     return factor
-
-
-# ============================================================================ checkpoints
-def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
-    """Write atomically (temporary file, fsync, rename); the previous one is kept as .prev."""
-    if path.exists():
-        os.replace(path, path.with_name(path.name + ".prev"))
-    atomic_write(path, lambda p: torch.save(state, p))
-
-
-def load_checkpoint(path: Path) -> dict[str, Any] | None:
-    """The newest checkpoint that reads back whole; a damaged one is skipped with a warning."""
-    for candidate in (path, path.with_name(path.name + ".prev")):
-        if not candidate.exists():
-            continue
-        try:
-            # Our own files: optimiser states hold plain Python numbers and tuples as well as
-            # tensors, which weights_only allows; nothing else is unpickled.
-            return torch.load(candidate, map_location="cpu", weights_only=True)
-        except Exception as e:  # a truncated or corrupted file
-            logger.warning("checkpoint %s is damaged (%s); trying the previous one", candidate, e)
-    return None
 
 
 # ============================================================================ the time plan

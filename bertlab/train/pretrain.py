@@ -33,7 +33,8 @@ from bertlab.distributed import world
 from bertlab.nn.config import resolve_source
 from bertlab.nn.heads import BertForMaskedLM, BertForPreTraining
 from bertlab.tasks.pretraining import PretrainingObjective
-from bertlab.train.loop import CHECKPOINT, RUN_FILE, TrainConfig, check_run_folder, train
+from bertlab.train.loop import TrainConfig, train
+from bertlab.train.runs import CHECKPOINT, RUN_FILE, check_run_folder
 
 logger = logging.getLogger("bertlab")
 
