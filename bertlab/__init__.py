@@ -1,5 +1,19 @@
 """bertlab: a complete BERT in PyTorch, exact to the reference, readable, fast."""
 
+import random
+
+from bertlab.auto import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForMaskedLM,
+    AutoModelForMultipleChoice,
+    AutoModelForNextSentencePrediction,
+    AutoModelForPreTraining,
+    AutoModelForQuestionAnswering,
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
+    AutoTokenizer,
+)
 from bertlab.files import bundled_model_dir
 from bertlab.io.checkpoint import LoadingInfo, read_state_dict
 from bertlab.nn.config import BertConfig
@@ -13,11 +27,47 @@ from bertlab.nn.heads import (
     BertForTokenClassification,
 )
 from bertlab.nn.model import BertModel, BertPreTrainedModel
-from bertlab.tokenizer import BertTokenizer, train_vocab
+from bertlab.nn.outputs import ModelOutput
+from bertlab.pipelines import pipeline
+from bertlab.tokenizer import BatchEncoding, BertTokenizer, train_vocab
+
+# transformers' name of its tokenizers-backed class; bertlab has one tokenizer, on tokenizers.
+BertTokenizerFast = BertTokenizer
+PreTrainedModel = BertPreTrainedModel
+
+
+def set_seed(seed: int) -> None:
+    """Seed Python's, NumPy's (when installed) and torch's random generators."""
+    import torch
+
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy as np
+    except ImportError:  # numpy is optional
+        return
+    np.random.seed(seed)
+
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AutoConfig",
+    "AutoModel",
+    "AutoModelForMaskedLM",
+    "AutoModelForMultipleChoice",
+    "AutoModelForNextSentencePrediction",
+    "AutoModelForPreTraining",
+    "AutoModelForQuestionAnswering",
+    "AutoModelForSequenceClassification",
+    "AutoModelForTokenClassification",
+    "AutoTokenizer",
+    "BatchEncoding",
+    "BertTokenizerFast",
+    "ModelOutput",
+    "PreTrainedModel",
+    "pipeline",
+    "set_seed",
     "BertConfig",
     "BertModel",
     "BertPreTrainedModel",

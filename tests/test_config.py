@@ -60,10 +60,30 @@ def test_unknown_preset_is_named():
         BertConfig.preset("huge")
 
 
-def test_config_is_frozen():
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        BertConfig().hidden_size = 10
+def test_config_is_mutable_like_transformers_and_checked_before_use(tmp_path):
+    c, ref = BertConfig(), transformers.BertConfig()
+    for config in (c, ref):
+        config.num_labels = 5
+        config.use_cache = False
+        config.my_option = "kept"
+    assert c.id2label == ref.id2label and c.label2id == ref.label2id
+    assert c.num_labels == 5 and c.use_cache is False and c.extra == {"my_option": "kept"}
+    c.save_pretrained(tmp_path)
+    back = BertConfig.from_pretrained(tmp_path)
+    assert back == c and back.my_option == "kept" and back.use_cache is False
     assert BertConfig().replace(hidden_size=64, num_attention_heads=4).hidden_size == 64
+    # a bad value set after construction is refused before saving and before a forward
+    c.hidden_act = "tanh"
+    with pytest.raises(ValueError, match="hidden_act 'tanh'"):
+        c.save_pretrained(tmp_path / "again")
+    assert not (tmp_path / "again" / "config.json").exists()
+    small = BertConfig.preset("tiny", vocab_size=50)
+    from bertlab import BertModel
+
+    model = BertModel(small)
+    small.attn_implementation = "flash"
+    with pytest.raises(ValueError, match="attn_implementation 'flash'"):
+        model(torch.tensor([[1, 2]]))
 
 
 def test_json_round_trip_and_transformers_reads_it(tmp_path):

@@ -23,8 +23,10 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from bertlab.files import atomic_write, resolve_model_dir
-from bertlab.nn.config import BertConfig
+from bertlab.files import HUB_KEYWORDS, atomic_write, resolve_model_dir
+from bertlab.io import tf_checkpoint
+from bertlab.nn.config import BertConfig, read_config_dict
+from bertlab.nn.model import BertModel
 
 logger = logging.getLogger("bertlab")
 
@@ -55,6 +57,14 @@ class LoadingInfo:
     mismatched_keys: list[tuple[str, tuple, tuple]] = field(
         default_factory=list
     )  # key, file, model
+    error_msgs: list[str] = field(default_factory=list)  # always empty: a failed load raises
+
+    def __getitem__(self, key: str) -> list:
+        """Read as the dict transformers returns (``info["missing_keys"]``)."""
+        return getattr(self, key)
+
+    def keys(self) -> list[str]:
+        return ["missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"]
 
 
 # ============================================================================ reading
@@ -178,31 +188,61 @@ def match_state_dict(
 def load_pretrained(
     cls: type,
     path: str | os.PathLike,
-    *,
+    *model_args: Any,
+    config: BertConfig | str | os.PathLike | None = None,
+    dtype: torch.dtype | str | None = None,
+    torch_dtype: torch.dtype | str | None = None,
     attn_implementation: str | None = None,
-    dtype: torch.dtype | None = None,
+    device_map: Any = None,
+    state_dict: dict[str, torch.Tensor] | None = None,
     strict: bool = False,
     ignore_mismatched_sizes: bool = False,
     output_loading_info: bool = False,
-    config: BertConfig | None = None,
-    **config_overrides: Any,
+    **kwargs: Any,
 ):
-    """Build ``cls`` from a model folder and load its weights.
+    """Build ``cls`` from a model folder and load its weights, with transformers' keywords.
+
+    ``path``: a folder (Hugging Face or bertlab: config.json + safetensors / pytorch_model.bin;
+    or an original TensorFlow checkpoint with bert_config.json), the bundled default's name, or
+    a name in the local Hugging Face cache (``cache_dir``, ``revision``, ``subfolder`` say
+    where; the other hub keywords are accepted and do nothing: nothing is downloaded, and none
+    is written into the config).
+    ``dtype`` / ``torch_dtype``: a torch dtype, its name ("bfloat16"), or "auto" (the default,
+    as in transformers: the config's dtype, else that of the stored weights).
+    Any other keyword that names a config attribute (``num_labels``, ``id2label``,
+    ``output_hidden_states`` ...) overrides it; ``add_pooling_layer`` goes to ``BertModel``.
 
     A base model's weights load into a task model (the new head is initialised and reported)
     and a task model's into a base model (the head's weights are reported as unused). With
-    ``strict=True`` any missing or unexpected key is an error instead.
-    ``config_overrides`` (e.g. ``num_labels=3``) change the stored config.
+    ``strict=True`` any missing or unexpected key is an error instead. The model is returned in
+    eval mode, and only when the whole load succeeded.
     """
-    directory = resolve_model_dir(path)
-    if attn_implementation is not None:
-        config_overrides["attn_implementation"] = attn_implementation
-    if config is None:
-        config = BertConfig.from_json_file(directory / "config.json", **config_overrides)
-    elif config_overrides:
-        config = config.replace(**config_overrides)
-    state = read_state_dict(directory)  # fails before any model is built
-    model = cls(config)
+    if model_args:
+        raise TypeError(
+            f"{cls.__name__}.from_pretrained takes the folder as its only positional argument; "
+            f"got {len(model_args)} more"
+        )
+    hub = {k: kwargs.pop(k) for k in list(kwargs) if k in HUB_KEYWORDS}
+    init_kwargs = {}
+    if "add_pooling_layer" in kwargs:
+        if not issubclass(cls, BertModel):
+            raise TypeError(
+                f"add_pooling_layer is a keyword of BertModel, not of {cls.__name__} (whose "
+                "heads decide whether they have a pooler)"
+            )
+        init_kwargs["add_pooling_layer"] = bool(kwargs.pop("add_pooling_layer"))
+    directory = resolve_model_dir(path, **hub)
+    tf = None
+    if state_dict is None and tf_checkpoint.is_tf_checkpoint(directory):
+        tf = tf_checkpoint.read_tf_checkpoint(directory)
+        state_dict = tf.state_dict
+    config = _config_for(directory, config, tf, attn_implementation, kwargs)
+    state = read_state_dict(directory) if state_dict is None else state_dict
+    wanted = _resolve_dtype(torch_dtype if dtype is None else dtype, torch_dtype, config, state)
+    device = _resolve_device_map(device_map)
+    config.dtype = wanted
+    config.name_or_path = str(path)
+    model = cls(config, **init_kwargs)
     found, info = match_state_dict(model, state, ignore_mismatched_sizes)
     if strict and (info.missing_keys or info.unexpected_keys):
         raise ValueError(
@@ -213,8 +253,8 @@ def load_pretrained(
         own = model.state_dict()
         for key, tensor in found.items():
             own[key].copy_(tensor)
-    if dtype is not None:
-        model.to(dtype)
+    if wanted != torch.float32 or device is not None:
+        model.to(device=device, dtype=wanted)
     reports = (
         ("weights not in the folder, newly initialised (train before use)", info.missing_keys),
         ("weights in the folder that the model does not use", info.unexpected_keys),
@@ -227,12 +267,123 @@ def load_pretrained(
     return (model, info) if output_loading_info else model
 
 
-def save_pretrained(model: torch.nn.Module, directory: str | os.PathLike) -> None:
-    """Write ``config.json`` and ``model.safetensors``, each atomically (temp file + rename)."""
+def _config_for(
+    directory: Path,
+    config: BertConfig | str | os.PathLike | None,
+    tf: Any,
+    attn_implementation: str | None,
+    overrides: dict[str, Any],
+) -> BertConfig:
+    """The config a load builds: the folder's (or the one given, copied), with the keyword
+    overrides applied. A keyword that is not an attribute of the config is refused by name."""
+    if config is None:
+        data = tf.config if tf is not None else read_config_dict(directory)
+        config = BertConfig.from_dict(data)
+    elif isinstance(config, BertConfig):
+        config = config.replace()
+    else:
+        config = BertConfig.from_pretrained(config)
+    if attn_implementation is not None:
+        overrides["attn_implementation"] = attn_implementation
+    unknown = [k for k in overrides if not hasattr(config, k)]
+    if unknown:
+        raise TypeError(
+            f"from_pretrained got an unexpected keyword argument {unknown[0]!r}: it is not an "
+            "attribute of the config (which keywords override), not add_pooling_layer, dtype, "
+            "torch_dtype, device_map, state_dict, strict, ignore_mismatched_sizes or "
+            f"output_loading_info, and not a hub keyword ({', '.join(sorted(HUB_KEYWORDS))})"
+        )
+    labels = {k: overrides.pop(k) for k in ("id2label", "label2id") if k in overrides}
+    config.update(labels)  # names first, so that a num_labels beside them is checked against them
+    config.update(overrides)
+    config.validate()
+    return config
+
+
+def _resolve_dtype(
+    value: torch.dtype | str | None,
+    torch_dtype: torch.dtype | str | None,
+    config: BertConfig,
+    state: dict[str, torch.Tensor],
+) -> torch.dtype:
+    """from_pretrained's dtype: a torch dtype, its name, or "auto" / None (the config's dtype,
+    else the stored weights')."""
+    if torch_dtype is not None and value is not None and torch_dtype != value:
+        raise ValueError(f"dtype={value!r} and torch_dtype={torch_dtype!r} disagree; give one")
+    if value is None or value == "auto":
+        if config.dtype is not None:
+            value = config.dtype
+        else:
+            stored = (t.dtype for t in state.values() if t.is_floating_point())
+            return next(stored, torch.float32)
+    if isinstance(value, str):
+        name = value.removeprefix("torch.")
+        candidate = getattr(torch, name, None)
+        if not isinstance(candidate, torch.dtype) or not candidate.is_floating_point:
+            raise ValueError(
+                f"dtype {value!r} is not a floating-point torch dtype; give one of float32, "
+                "bfloat16, float16, float64, a torch.dtype, or 'auto'"
+            )
+        return candidate
+    if not isinstance(value, torch.dtype) or not value.is_floating_point:
+        raise ValueError(
+            f"dtype must be a floating-point torch.dtype, a name or 'auto', got {value!r}"
+        )
+    return value
+
+
+def _resolve_device_map(device_map: Any) -> torch.device | None:
+    """device_map as transformers takes it, for a model that lives on one device: a device, its
+    name or index, "auto" (the GPU when there is one), or {"": device}."""
+    if device_map is None:
+        return None
+    if isinstance(device_map, dict):
+        if set(device_map) != {""}:
+            raise ValueError(
+                f"device_map {device_map!r} splits the model; bertlab loads a model onto one "
+                "device: give a device, 'auto', or {'': device}"
+            )
+        device_map = device_map[""]
+    if device_map == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if isinstance(device_map, int):
+        return torch.device("cuda", device_map)
+    try:
+        return torch.device(device_map)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device_map {device_map!r} is not a device: {e}") from e
+
+
+def save_pretrained(
+    model: torch.nn.Module,
+    directory: str | os.PathLike,
+    state_dict: dict[str, torch.Tensor] | None = None,
+    safe_serialization: bool = True,
+    is_main_process: bool = True,
+    push_to_hub: bool = False,
+    **kwargs: Any,
+) -> None:
+    """Write ``config.json`` and ``model.safetensors`` (``pytorch_model.bin`` with
+    ``safe_serialization=False``), each atomically (temp file + rename). ``state_dict``: the
+    tensors to write instead of the model's own. Other keywords of transformers'
+    save_pretrained (``max_shard_size``, ...) are accepted; everything is one file."""
+    if push_to_hub:
+        raise ValueError("push_to_hub=True: bertlab never uploads; it writes the folder only")
+    if not is_main_process:
+        return
+    model.config.validate()
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     config = model.config.replace(architectures=(type(model).__name__,))
+    config.dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
     keep = set(_model_keys(model).values())
-    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items() if k in keep}
-    atomic_write(d / SAFETENSORS, lambda p: save_file(state, p, metadata={"format": "pt"}))
+    source = model.state_dict() if state_dict is None else state_dict
+    state = {k: v.detach().contiguous().cpu() for k, v in source.items() if k in keep}
+    if safe_serialization:
+        atomic_write(d / SAFETENSORS, lambda p: save_file(state, p, metadata={"format": "pt"}))
+        stale = PT_BIN
+    else:
+        atomic_write(d / PT_BIN, lambda p: torch.save(state, p))
+        stale = SAFETENSORS
+    (d / stale).unlink(missing_ok=True)  # a file of the other format would be read first
     atomic_write(d / "config.json", config.to_json_file)

@@ -6,6 +6,8 @@ labels of -100 are ignored. Names and shapes as in model.py.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -108,9 +110,11 @@ class BertForPreTraining(BertPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,  # (B, T) token ids, -100 where not predicted
         next_sentence_label: torch.Tensor | None = None,  # (B,) 0 = B follows A, 1 = random
-        output_hidden_states: bool = False,
-        output_attentions: bool = False,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
         return_logits: bool = True,  # False (with labels): score only the labelled positions
+        return_dict: bool | None = None,
+        **kwargs: Any,
     ) -> BertForPreTrainingOutput:
         enc = self.bert.encode(
             input_ids,
@@ -120,6 +124,7 @@ class BertForPreTraining(BertPreTrainedModel):
             inputs_embeds,
             output_hidden_states,
             output_attentions,
+            **kwargs,
         )
         if (labels is None) != (next_sentence_label is None):
             raise ValueError("BertForPreTraining needs both labels and next_sentence_label")
@@ -130,9 +135,10 @@ class BertForPreTraining(BertPreTrainedModel):
             nsp_labels = next_sentence_label.reshape(-1)
             _check_labels(nsp_labels, 2, "next_sentence_label")
             loss, _ = pretraining_loss(scores, targets, nsp_logits, nsp_labels, accuracy=False)
-        return BertForPreTrainingOutput(
+        out = BertForPreTrainingOutput(
             loss, mlm_logits, nsp_logits, enc.hidden_states, enc.attentions
         )
+        return self.returned(out, return_dict)
 
 
 class BertForMaskedLM(BertPreTrainedModel):
@@ -152,9 +158,11 @@ class BertForMaskedLM(BertPreTrainedModel):
         position_ids: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,  # (B, T), -100 where not predicted
-        output_hidden_states: bool = False,
-        output_attentions: bool = False,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
         return_logits: bool = True,  # False (with labels): score only the labelled positions
+        return_dict: bool | None = None,
+        **kwargs: Any,
     ) -> MaskedLMOutput:
         enc = self.bert.encode(
             input_ids,
@@ -164,10 +172,12 @@ class BertForMaskedLM(BertPreTrainedModel):
             inputs_embeds,
             output_hidden_states,
             output_attentions,
+            **kwargs,
         )
         scores, targets, logits = _masked_lm(self.cls.predictions, enc, labels, return_logits)
         loss = None if targets is None else pretraining_loss(scores, targets, accuracy=False)[0]
-        return MaskedLMOutput(loss, logits, enc.hidden_states, enc.attentions)
+        out = MaskedLMOutput(loss, logits, enc.hidden_states, enc.attentions)
+        return self.returned(out, return_dict)
 
 
 class BertForNextSentencePrediction(BertPreTrainedModel):
@@ -185,8 +195,10 @@ class BertForNextSentencePrediction(BertPreTrainedModel):
         position_ids: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,  # (B,) 0 = B follows A, 1 = random
-        output_hidden_states: bool = False,
-        output_attentions: bool = False,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs: Any,
     ) -> NextSentencePredictorOutput:
         enc = self.bert.encode(
             input_ids,
@@ -196,10 +208,12 @@ class BertForNextSentencePrediction(BertPreTrainedModel):
             inputs_embeds,
             output_hidden_states,
             output_attentions,
+            **kwargs,
         )
         logits = self.cls.seq_relationship(enc.pooled)  # (B, 2)
         loss = None if labels is None else _cross_entropy(logits, labels.reshape(-1), "label")
-        return NextSentencePredictorOutput(loss, logits, enc.hidden_states, enc.attentions)
+        out = NextSentencePredictorOutput(loss, logits, enc.hidden_states, enc.attentions)
+        return self.returned(out, return_dict)
 
 
 def _masked_lm(
@@ -246,8 +260,10 @@ class BertForSequenceClassification(BertPreTrainedModel):
         position_ids: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,  # (B,) class ids, (B, K) 0/1 floats, or (B,) values
-        output_hidden_states: bool = False,
-        output_attentions: bool = False,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs: Any,
     ) -> SequenceClassifierOutput:
         enc = self.bert.encode(
             input_ids,
@@ -257,10 +273,12 @@ class BertForSequenceClassification(BertPreTrainedModel):
             inputs_embeds,
             output_hidden_states,
             output_attentions,
+            **kwargs,
         )
         logits = self.classifier(self.dropout(enc.pooled))  # (B, K)
         loss = None if labels is None else self._loss(logits, labels)
-        return SequenceClassifierOutput(loss, logits, enc.hidden_states, enc.attentions)
+        out = SequenceClassifierOutput(loss, logits, enc.hidden_states, enc.attentions)
+        return self.returned(out, return_dict)
 
     def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         kind = self.config.problem_type
@@ -304,8 +322,10 @@ class BertForTokenClassification(BertPreTrainedModel):
         position_ids: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,  # (B, T), -100 ignored
-        output_hidden_states: bool = False,
-        output_attentions: bool = False,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs: Any,
     ) -> TokenClassifierOutput:
         enc = self.bert.encode(
             input_ids,
@@ -315,13 +335,15 @@ class BertForTokenClassification(BertPreTrainedModel):
             inputs_embeds,
             output_hidden_states,
             output_attentions,
+            **kwargs,
         )
         logits = self.classifier(self.dropout(enc.hidden))  # (B, T, K), or (N, K) packed
         loss = None
         if labels is not None:
             flat = enc.per_token(labels).reshape(-1)
             loss = _cross_entropy(logits.view(-1, self.num_labels), flat, "label")
-        return TokenClassifierOutput(loss, enc.padded(logits), enc.hidden_states, enc.attentions)
+        out = TokenClassifierOutput(loss, enc.padded(logits), enc.hidden_states, enc.attentions)
+        return self.returned(out, return_dict)
 
 
 class BertForQuestionAnswering(BertPreTrainedModel):
@@ -349,8 +371,10 @@ class BertForQuestionAnswering(BertPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         start_positions: torch.Tensor | None = None,  # (B,) token index of the answer start
         end_positions: torch.Tensor | None = None,  # (B,) token index of the answer end
-        output_hidden_states: bool = False,
-        output_attentions: bool = False,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs: Any,
     ) -> QuestionAnsweringModelOutput:
         enc = self.bert.encode(
             input_ids,
@@ -360,6 +384,7 @@ class BertForQuestionAnswering(BertPreTrainedModel):
             inputs_embeds,
             output_hidden_states,
             output_attentions,
+            **kwargs,
         )
         # Padding positions get the dtype's lowest score, whatever the kernel: they are never
         # an answer, and an answer position that falls on padding is ignored by the loss.
@@ -386,13 +411,14 @@ class BertForQuestionAnswering(BertPreTrainedModel):
                 F.cross_entropy(start_logits.float(), start, ignore_index=T)
                 + F.cross_entropy(end_logits.float(), end, ignore_index=T)
             ) / 2
-        return QuestionAnsweringModelOutput(
+        out = QuestionAnsweringModelOutput(
             loss,
             start_logits.contiguous(),
             end_logits.contiguous(),
             enc.hidden_states,
             enc.attentions,
         )
+        return self.returned(out, return_dict)
 
 
 class BertForMultipleChoice(BertPreTrainedModel):
@@ -413,8 +439,10 @@ class BertForMultipleChoice(BertPreTrainedModel):
         position_ids: torch.Tensor | None = None,  # (B, C, T)
         inputs_embeds: torch.Tensor | None = None,  # (B, C, T, H)
         labels: torch.Tensor | None = None,  # (B,) index of the right choice
-        output_hidden_states: bool = False,
-        output_attentions: bool = False,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs: Any,
     ) -> MultipleChoiceModelOutput:
         ref = input_ids if input_ids is not None else inputs_embeds
         if ref is None or ref.dim() != (3 if input_ids is not None else 4):
@@ -435,10 +463,12 @@ class BertForMultipleChoice(BertPreTrainedModel):
             flat(inputs_embeds),
             output_hidden_states,
             output_attentions,
+            **kwargs,
         )
         logits = self.classifier(self.dropout(enc.pooled)).view(B, C)
         loss = None if labels is None else _cross_entropy(logits, labels.reshape(-1), "label")
-        return MultipleChoiceModelOutput(loss, logits, enc.hidden_states, enc.attentions)
+        out = MultipleChoiceModelOutput(loss, logits, enc.hidden_states, enc.attentions)
+        return self.returned(out, return_dict)
 
 
 # Every model class by the name transformers gives it (the "architectures" of config.json).

@@ -1,9 +1,11 @@
-"""Small typed outputs of the models, with the field names transformers uses.
+"""Small typed outputs of the models, with the field names and behaviour of transformers' outputs.
 
-Each is a dataclass; fields that were not computed are None. Like transformers' outputs they can
-also be indexed (``out[0]`` is the first field that is not None, ``out["logits"]`` a field by name)
-so code written for transformers runs unchanged. Each is also a registered pytree (its fields in
-order, None included), so torch.compile, torch.export and ONNX export can return it.
+Each is a dataclass and a dict at once, as there: ``out.logits`` and ``out["logits"]`` read a
+field; the dict holds the fields that were computed (not None), in order, so ``out.keys()``,
+``"pooler_output" in out``, ``dict(out)`` and ``for key in out`` see those; ``out[0]`` and
+``out.to_tuple()`` give the computed values in order, which is what ``return_dict=False``
+returns. Each is also a registered pytree (its fields in order, None included), so
+torch.compile, torch.export and ONNX export can return it.
 """
 
 from __future__ import annotations
@@ -17,20 +19,38 @@ import torch.utils._pytree as pytree
 Tensors = tuple[torch.Tensor, ...]
 
 
-class ModelOutput:
-    def to_tuple(self) -> tuple[Any, ...]:
-        return tuple(v for v in (getattr(self, f.name) for f in fields(self)) if v is not None)
+class ModelOutput(dict):
+    """Base of the outputs: the dataclass fields that are not None, as dict items too."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if value is not None:
+            super().__setitem__(name, value)
+        elif name in self:
+            super().__delitem__(name)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        setattr(self, key, value)
 
     def __getitem__(self, key: int | slice | str) -> Any:
         if isinstance(key, str):
-            return getattr(self, key)
+            return super().__getitem__(key)  # KeyError for a field that was not computed
         return self.to_tuple()[key]
 
-    def __iter__(self):
-        return iter(self.to_tuple())
+    def to_tuple(self) -> tuple[Any, ...]:
+        """The computed values in field order."""
+        return tuple(self.values())
+
+    def __reduce__(self):
+        return type(self), tuple(getattr(self, f.name) for f in fields(self))
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError(f"a {type(self).__name__} cannot be changed this way; set a field")
+
+    __delitem__ = setdefault = pop = popitem = update = clear = _refuse
 
 
-@dataclass
+@dataclass(eq=False)
 class BaseModelOutputWithPooling(ModelOutput):
     last_hidden_state: torch.Tensor  # (B, T, H)
     pooler_output: torch.Tensor | None = None  # (B, H)
@@ -38,7 +58,7 @@ class BaseModelOutputWithPooling(ModelOutput):
     attentions: Tensors | None = None  # L of (B, A, T, T)
 
 
-@dataclass
+@dataclass(eq=False)
 class BertForPreTrainingOutput(ModelOutput):
     loss: torch.Tensor | None = None  # MLM + NSP, when labels and next_sentence_label are given
     prediction_logits: torch.Tensor | None = None  # (B, T, V)
@@ -47,7 +67,7 @@ class BertForPreTrainingOutput(ModelOutput):
     attentions: Tensors | None = None
 
 
-@dataclass
+@dataclass(eq=False)
 class MaskedLMOutput(ModelOutput):
     loss: torch.Tensor | None = None
     logits: torch.Tensor | None = None  # (B, T, V)
@@ -55,7 +75,7 @@ class MaskedLMOutput(ModelOutput):
     attentions: Tensors | None = None
 
 
-@dataclass
+@dataclass(eq=False)
 class NextSentencePredictorOutput(ModelOutput):
     loss: torch.Tensor | None = None
     logits: torch.Tensor | None = None  # (B, 2): 0 = B follows A, 1 = B is random
@@ -63,7 +83,7 @@ class NextSentencePredictorOutput(ModelOutput):
     attentions: Tensors | None = None
 
 
-@dataclass
+@dataclass(eq=False)
 class SequenceClassifierOutput(ModelOutput):
     loss: torch.Tensor | None = None
     logits: torch.Tensor | None = None  # (B, num_labels)
@@ -71,7 +91,7 @@ class SequenceClassifierOutput(ModelOutput):
     attentions: Tensors | None = None
 
 
-@dataclass
+@dataclass(eq=False)
 class TokenClassifierOutput(ModelOutput):
     loss: torch.Tensor | None = None
     logits: torch.Tensor | None = None  # (B, T, num_labels)
@@ -79,7 +99,7 @@ class TokenClassifierOutput(ModelOutput):
     attentions: Tensors | None = None
 
 
-@dataclass
+@dataclass(eq=False)
 class QuestionAnsweringModelOutput(ModelOutput):
     loss: torch.Tensor | None = None
     start_logits: torch.Tensor | None = None  # (B, T)
@@ -88,7 +108,7 @@ class QuestionAnsweringModelOutput(ModelOutput):
     attentions: Tensors | None = None
 
 
-@dataclass
+@dataclass(eq=False)
 class MultipleChoiceModelOutput(ModelOutput):
     loss: torch.Tensor | None = None
     logits: torch.Tensor | None = None  # (B, C)
