@@ -4,6 +4,7 @@ measurement, each with its own options.
 bertlab bench speed [WORKLOAD ...]     the suite: tokenizer, int8 and the network's workloads
 bertlab bench tokenizer                batch tokenization throughput
 bertlab bench int8                     int8 dynamic quantisation: speed and accuracy cost
+bertlab bench memory                   what gradient checkpointing saves in a training step
 bertlab bench pretrain                 one pre-training run on each side
 bertlab bench finetune TASK            one fine-tuning run on each side, same time budget
 
@@ -25,7 +26,7 @@ import torch
 
 from bertlab.files import BUNDLED_NAMES
 
-SUBCOMMANDS = ("speed", "tokenizer", "int8", "pretrain", "finetune")
+SUBCOMMANDS = ("speed", "tokenizer", "int8", "memory", "pretrain", "finetune")
 DEFAULT = "speed"  # what `bertlab bench` runs when no subcommand is named
 INTERRUPTED = 130  # the exit status of a run stopped by Ctrl-C (128 + SIGINT)
 
@@ -138,6 +139,35 @@ def cmd_bench_int8(args: argparse.Namespace) -> int:
         data=args.data,
         on_result=_printer(),
     )
+    return _finish(args, report, None)
+
+
+def format_memory(report: dict[str, Any]) -> str:
+    lines = [
+        f"gradient checkpointing, {report['model']}, batch {report['batch_size']} x "
+        f"{report['seq_len']}, {report['device']}",
+        f"{'side':<14}{'checkpointing':<15}{'activations MB':>15}{'peak MB':>10}{'step s':>9}",
+    ]
+    for r in report["results"]:
+        lines.append(
+            f"{r['side']:<14}{'on' if r['checkpointing'] else 'off':<15}"
+            f"{r['activation_mb']:>15.1f}{r['peak_mb']:>10.0f}{r['step_s']:>9.3f}"
+            + (
+                f"   gradients differ by at most {r['max_grad_difference']:.2e}"
+                if "max_grad_difference" in r
+                else ""
+            )
+        )
+    return "\n".join(lines)
+
+
+def cmd_bench_memory(args: argparse.Namespace) -> int:
+    from bertlab.bench.memory import bench_checkpointing
+
+    report = bench_checkpointing(
+        args.model, args.batch_size, args.seq_len, repeats=args.repeats, device=args.device
+    )
+    print(format_memory(report))
     return _finish(args, report, None)
 
 
@@ -305,6 +335,17 @@ def add_bench_parsers(sub: argparse._SubParsersAction) -> None:
     int8.add_argument("--repeats", type=int, default=5, help="timed runs per side")
     common(int8, plot=False)
     int8.set_defaults(func=cmd_bench_int8)
+
+    mem = what.add_parser(
+        "memory", help="what gradient checkpointing saves in a training step, on each side"
+    )
+    mem.add_argument("--model", default="base", help="a preset, a model folder or 'default'")
+    mem.add_argument("--batch-size", type=int, default=8, help="sequences in the batch")
+    mem.add_argument("--seq-len", type=int, default=128, help="tokens per sequence")
+    mem.add_argument("--repeats", type=int, default=3, help="timed steps per setting")
+    mem.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where to run")
+    common(mem, plot=False)
+    mem.set_defaults(func=cmd_bench_memory)
 
     pre = what.add_parser("pretrain", help="one pre-training run on each side")
     pre.add_argument("--corpus", required=True, help="prepared corpus to train on")
