@@ -13,6 +13,7 @@ from bertlab.nn.heads import (
     BertForTokenClassification,
 )
 from bertlab.nn.model import BertModel, BertPreTrainedModel
+from bertlab.pipelines import pipeline
 from bertlab.tokenizer import BertTokenizer, train_vocab
 
 __version__ = "0.1.0"
@@ -31,6 +32,7 @@ __all__ = [
     "BertTokenizer",
     "LoadingInfo",
     "bundled_model_dir",
+    "pipeline",
     "read_state_dict",
     "train_vocab",
 ]
