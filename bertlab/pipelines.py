@@ -15,12 +15,20 @@ initialised head would answer, but with noise.
 For ``bertlab predict`` each class also reads its own input lines (``parse``), takes the
 command's options it uses (``run``) and formats its own results, as a line of text (``text``)
 or of JSON (``json_line``), so the command never asks which pipeline it runs.
+
+``pipeline()`` also takes transformers' task names (``bertlab.pipeline("ner", model=folder,
+aggregation_strategy="simple")``): those pipelines live in pipeline_tasks.py, on this module's
+base class, and answer in transformers' result shapes; fill-mask, a name of both, is here and
+answers in transformers' shape too. ``model`` may be a folder, "default" or a bertlab model
+object (with ``tokenizer=``); ``device`` is -1, "cpu", 0, "cuda:0" or a torch.device.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
+import os
 from typing import Any
 
 import torch
@@ -37,6 +45,35 @@ from bertlab.nn.heads import (
 from bertlab.nn.model import BertModel
 from bertlab.tokenizer import BertTokenizer
 
+Device = int | str | torch.device | None
+
+
+def _device(device: Device) -> torch.device:
+    """transformers' device argument: -1 or "cpu" the CPU, 0 (or "cuda:0") the first GPU, a
+    torch.device as it is; None the CPU."""
+    if device is None:
+        return torch.device("cpu")
+    if isinstance(device, torch.device):
+        found = device
+    elif isinstance(device, int) and not isinstance(device, bool):
+        if device < -1:
+            raise ValueError(f"device {device} is not -1 (the CPU) or a GPU index (0 or more)")
+        found = torch.device("cpu" if device == -1 else f"cuda:{device}")
+    elif isinstance(device, str):
+        try:
+            found = torch.device(device)
+        except RuntimeError:
+            raise ValueError(
+                f"device {device!r} is not a device name such as 'cpu', 'cuda' or 'cuda:0'"
+            ) from None
+    else:
+        raise TypeError(f"device must be an int, a str or a torch.device, got {device!r}")
+    if found.type == "cuda":
+        count = torch.cuda.device_count()
+        if found.index is not None and found.index >= count or count == 0:
+            raise ValueError(f"device {device!r} asked for, but this machine has {count} CUDA GPUs")
+    return found
+
 
 def _batches(items: list, size: int):
     for i in range(0, len(items), size):
@@ -48,14 +85,67 @@ class Pipeline:
     model_class: type = BertModel
     needs: tuple[str, ...] = ()  # weight names that must come from the folder
 
-    def __init__(self, model: str = "default", device: str = "cpu", batch_size: int = 32):
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.directory = resolve_model_dir(model)
-        self.tokenizer = BertTokenizer.from_pretrained(self.directory)
-        self.model, info = self.model_class.from_pretrained(
-            self.directory, output_loading_info=True
-        )
+    def __init__(
+        self,
+        model: str | os.PathLike | torch.nn.Module = "default",
+        device: Device = None,
+        batch_size: int = 32,
+        tokenizer: str | os.PathLike | BertTokenizer | None = None,
+        **defaults: Any,
+    ):
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
+        self.device, self.batch_size = _device(device), batch_size
+        if isinstance(model, torch.nn.Module):
+            self.directory = None
+            if tokenizer is None:
+                raise ValueError(
+                    f"a {self.task} pipeline built on a model object needs tokenizer= "
+                    "(a BertTokenizer or a folder with vocab.txt)"
+                )
+        else:
+            self.directory = resolve_model_dir(model)
+        if isinstance(tokenizer, BertTokenizer):
+            self.tokenizer = tokenizer
+        else:
+            folder = self.directory if tokenizer is None else resolve_model_dir(tokenizer)
+            self.tokenizer = BertTokenizer.from_pretrained(folder)
+        self.defaults: dict[str, Any] = {}
+        self._settings(defaults)  # checked before the model is loaded
+        self.defaults = defaults
+        self.model = self._model(model)
+        if device is None and self.directory is None:  # a model object stays where it is
+            self.device = next(self.model.parameters()).device
+        else:
+            self.model.to(self.device)
+        self.model.eval()
+
+    def _options(self) -> dict[str, Any]:
+        """The call's options (keywords) with their defaults, each checked. bertlab's own
+        pipelines take theirs as arguments when called, so they have none here."""
+        return {}
+
+    def _settings(self, options: dict[str, Any]) -> dict[str, Any]:
+        """``options`` over those given when the pipeline was built, checked."""
+        allowed = list(inspect.signature(self._options).parameters)
+        unknown = sorted(set(options) - set(allowed))
+        if unknown:
+            takes = ", ".join(allowed) if allowed else "none when it is built"
+            raise TypeError(
+                f"the {self.task} pipeline has no option {', '.join(unknown)} (its options: "
+                f"{takes})"
+            )
+        return self._options(**{**self.defaults, **options})
+
+    def _model(self, model: str | os.PathLike | torch.nn.Module) -> torch.nn.Module:
+        if isinstance(model, torch.nn.Module):
+            if not isinstance(model, self.model_class):
+                raise TypeError(
+                    f"a {self.task} pipeline needs a {self.model_class.__name__}, "
+                    f"got a {type(model).__name__}"
+                )
+            return model
+        loaded, info = self.model_class.from_pretrained(self.directory, output_loading_info=True)
         missing = [k for k in info.missing_keys if k.startswith(self.needs)] if self.needs else []
         if missing:
             raise ValueError(
@@ -63,8 +153,7 @@ class Pipeline:
                 f"{', '.join(sorted({k.rsplit('.', 1)[0] for k in missing}))}: a {self.task} "
                 f"pipeline needs a model trained for it"
             )
-        self.model.to(device).eval()
-        self.device, self.batch_size = device, batch_size
+        return loaded
 
     @classmethod
     def parse(cls, line: str, n: int, **options: Any) -> Any:
@@ -101,6 +190,20 @@ def _features(enc: Any) -> list[dict[str, list[int]]]:
         {"input_ids": i, "token_type_ids": t}
         for i, t in zip(enc["input_ids"], enc["token_type_ids"], strict=True)
     ]
+
+
+def _check_top_k(top_k: Any, none_ok: bool = False) -> None:
+    if top_k is None and none_ok:
+        return
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        allowed = "a positive int or None (every label)" if none_ok else "a positive int"
+        raise ValueError(f"top_k {top_k!r} is not {allowed}")
+
+
+def _check_flags(**flags: Any) -> None:
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} {value!r} is not True or False")
 
 
 def _texts(texts: str | list[str]) -> tuple[list[str], bool]:
@@ -370,48 +473,106 @@ class AnswerPipeline(Pipeline):
 
 
 class FillMaskPipeline(Pipeline):
-    """The ``top_k`` tokens for each [MASK], with their probabilities and the filled text."""
+    """The ``top_k`` tokens for each [MASK], with their probabilities and the filled text, in
+    transformers' shape: ``{score, token (the id), token_str, sequence}`` per candidate, a list
+    per [MASK] when a text has several. ``targets`` ranks only the given tokens (a word outside
+    the vocabulary stands for its first word piece). ``bertlab predict`` prints
+    ``{token, id, score, sequence}`` (``run``)."""
 
     task = "fill-mask"
     model_class = BertForMaskedLM
     needs = ("cls.predictions.",)
 
-    def __call__(self, texts: str | list[str], top_k: int = 5) -> list:
-        items, single = _texts(texts)
+    def _options(self, top_k: int = 5, targets: str | list[str] | None = None) -> dict:
+        _check_top_k(top_k)
+        ids = None
+        if targets is not None:
+            ids = sorted({self._target_id(t) for t in _texts(targets)[0]})
+            if not ids:
+                raise ValueError("targets is empty: give at least one token")
+            top_k = min(top_k, len(ids))
+        return {"top_k": top_k, "targets": ids}
+
+    def _target_id(self, target: str) -> int:
+        if target in self.tokenizer.vocab:
+            return self.tokenizer.vocab[target]
+        pieces = self.tokenizer.tokenize(target)
+        if not pieces:
+            raise ValueError(f"target {target!r} has no word piece in the vocabulary")
+        return self.tokenizer.convert_tokens_to_ids(pieces[0])
+
+    def _fill(self, texts: list[str], top_k: int, targets: list[int] | None) -> list[tuple]:
+        """Per text: its ids, the [MASK] positions, and per [MASK] the top (score, id)."""
         mask_id = self.tokenizer.mask_token_id
+        enc = self._encode(texts, return_attention_mask=False)
+        for text, ids in zip(texts, enc["input_ids"], strict=True):
+            if mask_id not in ids:
+                raise ValueError(f"text {text!r} has no {self.tokenizer.mask_token} token")
+        found = []
+        feats = _features(enc)
+        for chunk in _batches(feats, self.batch_size):
+            out, _ = self._run(chunk)
+            for r, f in enumerate(chunk):
+                ids = f["input_ids"]
+                masks = [p for p, t in enumerate(ids) if t == mask_id]
+                probs = out.logits[r, masks].float().softmax(-1).cpu()  # (M, V)
+                if targets is not None:
+                    probs = probs[:, targets]
+                top = probs.topk(top_k)
+                best = [
+                    [
+                        (float(v), targets[i] if targets else i)
+                        for v, i in zip(vs, js.tolist(), strict=True)
+                    ]
+                    for vs, js in zip(top.values.tolist(), top.indices, strict=True)
+                ]
+                found.append((ids, masks, best))
+        return found
+
+    def __call__(self, inputs: str | list[str], **options: Any) -> list:
+        """One text: a list of candidates (a list of such lists when it has several [MASK]s);
+        a list of texts: a list of those (a list of one text answers as that text alone)."""
+        settings = self._settings(options)
+        texts, single = _texts(inputs)
         results = []
-        for chunk in _batches(items, self.batch_size):
-            enc = self._encode(chunk, return_attention_mask=False)
-            for i, ids in enumerate(enc["input_ids"]):
-                if mask_id not in ids:
-                    mask = self.tokenizer.mask_token
-                    raise ValueError(f"text {chunk[i]!r} has no {mask} token")
-            feats = _features(enc)
-            out, _ = self._run(feats)
-            probs = out.logits.float().softmax(-1).cpu()
-            for r, ids in enumerate(enc["input_ids"]):
-                per_mask = []
-                for p in (p for p, t in enumerate(ids) if t == mask_id):
-                    top = probs[r, p].topk(top_k)
-                    per_mask.append(
-                        [
-                            {
-                                "token": self.tokenizer.convert_ids_to_tokens([int(t)])[0],
-                                "id": int(t),
-                                "score": float(s),
-                                "sequence": self.tokenizer.decode(
-                                    [int(t) if q == p else x for q, x in enumerate(ids)],
-                                    skip_special_tokens=True,
-                                ),
-                            }
-                            for s, t in zip(top.values, top.indices, strict=True)
-                        ]
-                    )
-                results.append(per_mask[0] if len(per_mask) == 1 else per_mask)
-        return results[0] if single else results
+        for ids, masks, best in self._fill(texts, **settings):
+            one = len(masks) == 1  # several: the sequences keep [CLS], [SEP] and the other masks
+            rows = [
+                [
+                    {
+                        "score": score,
+                        "token": t,
+                        "token_str": self.tokenizer.decode([t]),
+                        "sequence": self.tokenizer.decode(
+                            ids[:p] + [t] + ids[p + 1 :], skip_special_tokens=one
+                        ),
+                    }
+                    for score, t in candidates
+                ]
+                for p, candidates in zip(masks, best, strict=True)
+            ]
+            results.append(rows[0] if one else rows)
+        return results[0] if single or len(results) == 1 else results
 
     def run(self, items: list, top_k: int | None = None, **_: Any) -> list:
-        return self(items, top_k=top_k or 5)
+        results = []
+        for ids, masks, best in self._fill(items, top_k or 5, None):
+            rows = [
+                [
+                    {
+                        "token": self.tokenizer.convert_ids_to_tokens(t),
+                        "id": t,
+                        "score": score,
+                        "sequence": self.tokenizer.decode(
+                            ids[:p] + [t] + ids[p + 1 :], skip_special_tokens=True
+                        ),
+                    }
+                    for score, t in candidates
+                ]
+                for p, candidates in zip(masks, best, strict=True)
+            ]
+            results.append(rows[0] if len(rows) == 1 else rows)
+        return results
 
     @classmethod
     def text(cls, item: str, result: list) -> str:
@@ -426,12 +587,29 @@ PIPELINES = {
     "tag": TagPipeline,
     "answer": AnswerPipeline,
     "fill-mask": FillMaskPipeline,
-}
+}  # bertlab's own names, as `bertlab predict` knows them
 
 
 def pipeline(
-    task: str, model: str = "default", device: str = "cpu", batch_size: int = 32
+    task: str,
+    model: str | os.PathLike | torch.nn.Module | None = "default",
+    device: Device = None,
+    batch_size: int = 32,
+    *,
+    tokenizer: str | os.PathLike | BertTokenizer | None = None,
+    **options: Any,
 ) -> Pipeline:
-    if task not in PIPELINES:
-        raise ValueError(f"unknown pipeline {task!r}; choose one of {', '.join(PIPELINES)}")
-    return PIPELINES[task](model, device, batch_size)
+    """A pipeline by task name: bertlab's own (embed, classify, tag, answer, fill-mask) or
+    transformers' (feature-extraction, text-classification alias sentiment-analysis,
+    token-classification alias ner, question-answering, zero-shot-classification), which answer
+    in transformers' shapes. ``model``: a folder, "default" (the bundled model; also None) or a
+    bertlab model object (then ``tokenizer=``: a BertTokenizer or a folder). ``device``: -1 or
+    "cpu", a GPU index or "cuda:0", a torch.device. ``options``: defaults for every call
+    (e.g. ``aggregation_strategy="simple"``)."""
+    from bertlab.pipeline_tasks import ALIASES, TASKS  # it builds on this module's classes
+
+    cls = PIPELINES.get(task) or TASKS.get(ALIASES.get(task, task))
+    if cls is None:
+        names = sorted({*PIPELINES, *TASKS, *ALIASES})
+        raise ValueError(f"unknown pipeline {task!r}; choose one of {', '.join(names)}")
+    return cls("default" if model is None else model, device, batch_size, tokenizer, **options)
