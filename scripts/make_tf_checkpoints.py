@@ -254,9 +254,38 @@ def build_classifier(ids, types, mask):
     return outputs, 250
 
 
+README = """# Original-format (TensorFlow) BERT checkpoints
+
+Small checkpoints in the layout of Google's BERT releases (`bert_model.ckpt.index`,
+`bert_model.ckpt.data-*`, `bert_config.json`, `vocab.txt`; the `.meta` graph is left out),
+written by TensorFlow {tf_version} itself, for `tests/test_tf_checkpoint.py`.
+
+- `pretraining/`: float32, 2 layers, hidden 32, 2 heads, feed-forward 64, 99 tokens; the
+  pre-training heads (`cls/predictions/...`, `cls/seq_relationship/...`) and the optimiser
+  state of the released checkpoints (`<variable>/adam_m`, `<variable>/adam_v`, `global_step`).
+- `classifier_fp16_sharded/`: float16, the same sizes, its data in three shards (variables on
+  two CPU devices, `Saver(sharded=True)`; `global_step` has a shard of its own); the backbone
+  plus the classifier the original `run_classifier.py` adds (`output_weights`, `output_bias`,
+  which bertlab does not map), no pre-training heads.
+
+Each folder's `expected.npz` holds a small padded batch (`input_ids`, `token_type_ids`,
+`attention_mask`) and what the original BERT equations, computed in TensorFlow on the same
+variables, give for it: `sequence_output`, `pooled_output`, and `mlm_logits` + `nsp_logits`
+(pre-training) or `classifier_logits`; and the saved `global_step`.
+
+Variable values are random with fixed seeds (LayerNorm scales near 1, the rest far from BERT's
+initial values so that a swapped or untransposed weight shows). To write them again, in a
+separate environment (bertlab never depends on TensorFlow):
+
+    python3 -m venv /tmp/tfvenv && /tmp/tfvenv/bin/pip install tensorflow-cpu==2.21.0 numpy
+    /tmp/tfvenv/bin/python scripts/make_tf_checkpoints.py
+"""
+
+
 def main() -> None:
     write("pretraining", build_pretraining)
     write("classifier_fp16_sharded", build_classifier, sharded=True)
+    (OUT / "README.md").write_text(README.format(tf_version=tf.__version__))
 
 
 if __name__ == "__main__":

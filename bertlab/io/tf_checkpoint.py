@@ -188,7 +188,8 @@ _CONFIG_KEYS = (
 def hf_config(bert_config: dict[str, Any], path: Path) -> dict[str, Any]:
     """A ``bert_config.json`` in the Hugging Face ``config.json`` form: the same keys as
     transformers' BertConfig (``model_type`` "bert", ``layer_norm_eps`` 1e-12 as the original
-    LayerNorm, ``pad_token_id`` 0 ...), other keys of the file kept. ``hidden_act`` is kept as
+    LayerNorm, ``pad_token_id`` 0, the MLM decoder tied to the word embeddings ...), other keys
+    of the file kept. ``hidden_act`` is kept as
     written: ``"gelu"`` is the exact GELU the released checkpoints were trained with."""
     if not isinstance(bert_config, dict):
         raise ValueError(f"{path} does not hold a JSON object")
@@ -201,9 +202,13 @@ def hf_config(bert_config: dict[str, Any], path: Path) -> dict[str, Any]:
         **{k: bert_config[k] for k in _CONFIG_KEYS},
         "layer_norm_eps": 1e-12,
         "pad_token_id": 0,
-        "position_embedding_type": "absolute",
-        "classifier_dropout": None,
         "use_cache": True,
+        "classifier_dropout": None,
+        "is_decoder": False,
+        "add_cross_attention": False,
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "tie_word_embeddings": True,
     }
     for key, value in bert_config.items():
         config.setdefault(key, value)
@@ -330,7 +335,8 @@ def _check_shapes(
         if transpose:
             want = want[::-1]
         if tuple(entry.shape) != want:
-            values = ", ".join(f"{k} {config[k]}" for k in keys.split(", "))
+            names = keys.split(", ")[: len(want)]  # a bias: the first size only
+            values = ", ".join(f"{k} {config[k]}" for k in names)
             raise ValueError(
                 f"variable {name} in {prefix}.index has shape {list(entry.shape)}, but "
                 f"{config_path.name} ({values}) implies {list(want)}"
