@@ -9,6 +9,7 @@ on a copy of a fixture damaged here.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import struct
@@ -119,12 +120,12 @@ def write_index(path: Path, header: dict[str, int], entries: dict[str, TFEntry])
     path.write_bytes(data + index + meta + footer)
 
 
-def rewrite(folder: Path, change) -> None:
+def rewrite(folder: Path, change, **header_changes: int) -> None:
     """Rewrite ``folder``'s index after ``change(entries)`` edits the parsed entries."""
     index = folder / "bert_model.ckpt.index"
     header, entries = read_index(index)
     change(entries)
-    write_index(index, header, entries)
+    write_index(index, {**header, **header_changes}, entries)
 
 
 # ============================================================================ CRC32C
@@ -359,7 +360,7 @@ def test_a_partitioned_variable_is_refused_by_name(tmp_path, how):
     def partition(entries):
         entry = entries.pop(name)
         if how == "slices":
-            entries[name] = TFEntry(**{**entry.__dict__, "num_slices": 2})
+            entries[name] = dataclasses.replace(entry, num_slices=2)
         else:
             entries[f"{name}/part_0"] = entry
 
@@ -373,7 +374,7 @@ def test_an_unsupported_dtype_is_refused_by_name(tmp_path):
     name = "bert/pooler/dense/bias"
 
     def to_int8(entries):
-        entries[name] = TFEntry(**{**entries[name].__dict__, "dtype": 6})
+        entries[name] = dataclasses.replace(entries[name], dtype=6)
 
     rewrite(folder, to_int8)
     with pytest.raises(ValueError, match=f"variable {name} .* has dtype int8"):
@@ -398,6 +399,32 @@ def test_a_shape_that_disagrees_with_bert_config_is_refused(tmp_path, key, value
     path.write_text(json.dumps(config))
     with pytest.raises(ValueError, match=message):
         read_tf_checkpoint(folder)
+
+
+def test_a_big_endian_checkpoint_is_refused(tmp_path):
+    folder = copy(PRETRAINING, tmp_path)
+    rewrite(folder, lambda entries: None, endianness=1)
+    with pytest.raises(ValueError, match="big-endian machine; bertlab reads little-endian"):
+        read_tf_checkpoint(folder)
+
+
+def test_a_checkpoint_with_the_masked_lm_head_only_converts_to_bert_for_masked_lm(tmp_path):
+    folder = copy(PRETRAINING, tmp_path)
+
+    def drop_nsp(entries):
+        for name in [n for n in entries if n.startswith("cls/seq_relationship/")]:
+            del entries[name]
+
+    rewrite(folder, drop_nsp)
+    report = convert_tf_checkpoint(folder, tmp_path / "out")
+    assert report.architecture == "BertForMaskedLM"
+    assert report.unused == ["pooler.dense.bias", "pooler.dense.weight"]  # it has no pooler
+    assert "BertForMaskedLM has no place for them" in str(report)
+    e = expected(PRETRAINING)
+    model = transformers.BertForMaskedLM.from_pretrained(tmp_path / "out").eval()
+    with torch.no_grad():
+        logits = model(**inputs(e)).logits
+    assert np.abs(real(logits, e) - real(e["mlm_logits"], e)).max() < TOL
 
 
 def test_a_missing_or_broken_bert_config_is_refused(tmp_path):

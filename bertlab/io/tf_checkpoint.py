@@ -229,7 +229,9 @@ class TFCheckpoint:
     ``cls.predictions.bias`` ...), dtype as stored; ``skipped``: the optimiser variables left
     out (TensorFlow names); ``unmapped``: other variables bertlab does not map (TensorFlow names;
     empty unless read with ``strict=False``); ``vocab_file``: the folder's ``vocab.txt`` or None;
-    ``prefix``: the checkpoint prefix read."""
+    ``prefix``: the checkpoint prefix read. ``config["architectures"]`` names the class the
+    weights fill: BertForPreTraining (both pre-training heads), BertForMaskedLM (the masked-LM
+    head only) or BertModel."""
 
     config: dict[str, Any]
     state_dict: dict[str, torch.Tensor]
@@ -237,10 +239,6 @@ class TFCheckpoint:
     vocab_file: Path | None = None
     skipped: list[str] = field(default_factory=list)
     unmapped: list[str] = field(default_factory=list)
-
-    @property
-    def has_pretraining_heads(self) -> bool:
-        return any(k.startswith("cls.") for k in self.state_dict)
 
 
 def read_tf_checkpoint(
@@ -302,8 +300,9 @@ def read_tf_checkpoint(
     finally:
         for f in shards.values():
             f.close()
-    if not any(k.startswith("cls.") for k in state):
-        config["architectures"] = ["BertModel"]
+    heads = {k.split(".")[1] for k in state if k.startswith("cls.")}
+    if heads != {"predictions", "seq_relationship"}:
+        config["architectures"] = ["BertForMaskedLM" if heads == {"predictions"} else "BertModel"]
     vocab = prefix.parent / VOCAB
     return TFCheckpoint(
         config=config,
@@ -373,6 +372,7 @@ class ConversionReport:
     variables: int  # mapped and written
     skipped: list[str]  # optimiser state left out
     unmapped: list[str]  # left out with strict=False
+    unused: list[str]  # mapped, but the model has no place for them (BertForMaskedLM's pooler)
     do_lower_case: bool | None  # None: no vocab.txt beside the checkpoint
     lower_case_guessed: bool
 
@@ -384,6 +384,8 @@ class ConversionReport:
         ]
         if self.unmapped:
             lines.append(f"left out {len(self.unmapped)} unmapped: {', '.join(self.unmapped)}")
+        if self.unused:
+            lines.append(f"left out, {self.architecture} has no place for them: {self.unused}")
         if self.do_lower_case is None:
             lines.append(f"no {VOCAB} beside the checkpoint: no tokenizer files written")
         else:
@@ -413,14 +415,15 @@ def convert_tf_checkpoint(
 ) -> ConversionReport:
     """Write an original BERT checkpoint as a Hugging Face folder: ``config.json``,
     ``model.safetensors`` (BertForPreTraining when the checkpoint has the pre-training heads,
-    else BertModel; weights in the checkpoint's dtype), and, when ``vocab.txt`` is beside it,
+    BertForMaskedLM when it has the masked-LM head only, else BertModel; weights in the
+    checkpoint's dtype), and, when ``vocab.txt`` is beside it,
     the tokenizer files (``do_lower_case`` None: guessed from the vocabulary).
 
     Atomic: everything is written into a temporary folder beside ``target`` and renamed at the
     end, so a failed conversion leaves nothing behind. ``target`` must not hold files unless
     ``overwrite``; the old folder goes only once the new one is whole."""
     from bertlab.io.checkpoint import match_state_dict, read_state_dict, save_pretrained
-    from bertlab.nn.heads import BertForPreTraining
+    from bertlab.nn.heads import BertForMaskedLM, BertForPreTraining
     from bertlab.nn.model import BertModel
     from bertlab.tokenizer import BertTokenizer
 
@@ -438,13 +441,16 @@ def convert_tf_checkpoint(
 
     ckpt = read_tf_checkpoint(prefix, strict=strict)
     config = BertConfig.from_dict(ckpt.config)
-    cls = BertForPreTraining if ckpt.has_pretraining_heads else BertModel
+    classes = (BertModel, BertForMaskedLM, BertForPreTraining)
+    cls = {c.__name__: c for c in classes}[ckpt.config["architectures"][0]]
     model = cls(config)
     dtypes = {t.dtype for t in ckpt.state_dict.values()}
     dtype = dtypes.pop() if len(dtypes) == 1 else torch.float32
     model.to(dtype)
     found, info = match_state_dict(model, ckpt.state_dict)
-    if info.missing_keys or info.unexpected_keys:
+    # BertForMaskedLM has no pooler (as in transformers): its weights are left out, and said.
+    unused = [k for k in info.unexpected_keys if not k.startswith("pooler.")]
+    if info.missing_keys or unused:
         raise ValueError(
             f"{prefix}: the checkpoint does not fill {cls.__name__}: missing "
             f"{info.missing_keys}, not used {info.unexpected_keys}"
@@ -492,6 +498,7 @@ def convert_tf_checkpoint(
         variables=len(ckpt.state_dict),
         skipped=ckpt.skipped,
         unmapped=ckpt.unmapped,
+        unused=info.unexpected_keys,
         do_lower_case=do_lower_case if ckpt.vocab_file is not None else None,
         lower_case_guessed=guessed,
     )
