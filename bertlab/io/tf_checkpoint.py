@@ -429,7 +429,8 @@ def convert_tf_checkpoint(
 
     prefix = find_prefix(source)
     dest = Path(target)
-    if dest.resolve() == prefix.parent.resolve() or dest.resolve() in prefix.parent.parents:
+    home = prefix.parent.resolve()  # the checkpoint's folder
+    if dest.resolve() == home or dest.resolve() in home.parents:
         raise ValueError(
             f"{dest} holds the checkpoint {prefix}: convert into another folder "
             "(--overwrite would delete the checkpoint)"
