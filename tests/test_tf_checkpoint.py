@@ -227,6 +227,31 @@ def test_transformers_reads_the_converted_float16_checkpoint(tmp_path, capsys):
     assert np.abs(real(t.last_hidden_state, e) - real(e["sequence_output"], e)).max() < TOL
 
 
+def test_every_supported_dtype_reads_back_its_values(tmp_path):
+    gen = torch.Generator().manual_seed(0)
+    values = {
+        "a/float32": torch.randn(3, 4, generator=gen),
+        "a/float64": torch.randn(5, generator=gen, dtype=torch.float64),
+        "b/float16": torch.randn(2, 3, generator=gen).half(),
+        "b/bfloat16": torch.randn(2, 3, generator=gen).bfloat16(),
+        "c/int32": torch.arange(-3, 3, dtype=torch.int32),
+        "c/int64": torch.tensor([2**40, -1]),
+    }
+    codes = {torch.float32: 1, torch.float64: 2, torch.int32: 3, torch.int64: 9}
+    codes.update({torch.bfloat16: 14, torch.float16: 19})  # TensorFlow's DataType numbers
+    blob, entries = b"", {}
+    for name, t in values.items():
+        raw = t.view(torch.uint8).numpy().tobytes()
+        crc = _mask(crc32c(raw))
+        entries[name] = TFEntry(codes[t.dtype], tuple(t.shape), 0, len(blob), len(raw), crc)
+        blob += raw
+    (tmp_path / "x.data-00000-of-00001").write_bytes(blob)
+    write_index(tmp_path / "x.index", {"num_shards": 1, "endianness": 0}, entries)
+    got = read_tf_variables(tmp_path / "x")
+    for name, t in values.items():
+        assert got[name].dtype == t.dtype and torch.equal(got[name], t), name
+
+
 # ============================================================================ names and counts
 def test_optimizer_state_is_skipped_and_counted():
     ckpt = read_tf_checkpoint(PRETRAINING)

@@ -386,7 +386,7 @@ def read_tensor(
         )
     path = shard_path(prefix, entry.shard_id, num_shards)
     if entry.shard_id not in shards:
-        shards[entry.shard_id] = open(path, "rb")  # noqa: SIM115 (closed by the caller)
+        shards[entry.shard_id] = open(path, "rb")  # closed by the caller
     f = shards[entry.shard_id]
     f.seek(entry.offset)
     buf = bytearray(entry.size)

@@ -188,9 +188,9 @@ _CONFIG_KEYS = (
 def hf_config(bert_config: dict[str, Any], path: Path) -> dict[str, Any]:
     """A ``bert_config.json`` in the Hugging Face ``config.json`` form: the same keys as
     transformers' BertConfig (``model_type`` "bert", ``layer_norm_eps`` 1e-12 as the original
-    LayerNorm, ``pad_token_id`` 0, the MLM decoder tied to the word embeddings ...), other keys
-    of the file kept. ``hidden_act`` is kept as
-    written: ``"gelu"`` is the exact GELU the released checkpoints were trained with."""
+    LayerNorm, ``pad_token_id`` 0, the MLM decoder tied to the word embeddings ...), with every
+    key of the file as written (its other keys kept too). So ``hidden_act`` stays ``"gelu"``:
+    the exact GELU, the one the released checkpoints were trained with."""
     if not isinstance(bert_config, dict):
         raise ValueError(f"{path} does not hold a JSON object")
     missing = [k for k in _CONFIG_KEYS if k not in bert_config]
@@ -210,8 +210,7 @@ def hf_config(bert_config: dict[str, Any], path: Path) -> dict[str, Any]:
         "eos_token_id": None,
         "tie_word_embeddings": True,
     }
-    for key, value in bert_config.items():
-        config.setdefault(key, value)
+    config.update(bert_config)
     try:
         BertConfig.from_dict(config)
     except (ValueError, TypeError) as e:
