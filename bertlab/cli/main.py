@@ -11,6 +11,7 @@ bertlab plot RUN                      a run's loss and accuracy curves to PNG
 bertlab finetune {classify,tag,qa}    fine-tune on labelled data, evaluate, keep the best
 bertlab predict TASK [TEXT ...]       fill-mask, embed, classify, tag, answer: args, file or stdin
 bertlab bench {speed,tokenizer,int8,pretrain,finetune}  side by side with transformers
+bertlab convert SRC DEST              an original TensorFlow BERT checkpoint -> a model folder
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any, TextIO
 import torch
 
 from bertlab.cli.bench import add_bench_parsers, default_subcommand
+from bertlab.cli.convert import add_parsers as add_convert_parsers
 from bertlab.cli.export import add_parsers as add_export_parsers
 from bertlab.cli.tasks import add_task_parsers
 from bertlab.files import BUNDLED_NAMES, resolve_model_dir
@@ -395,6 +397,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_task_parsers(sub)
     add_export_parsers(sub)
+    add_convert_parsers(sub)
 
     add_bench_parsers(sub)
     return p
