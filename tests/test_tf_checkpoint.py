@@ -486,3 +486,29 @@ def test_convert_is_atomic_and_refuses_to_overwrite(tmp_path, capsys):
 def test_bertlab_never_imports_tensorflow():
     read_tf_checkpoint(PRETRAINING)
     assert "tensorflow" not in sys.modules
+
+
+def test_from_pretrained_reads_a_tensorflow_folder_or_prefix_directly(caplog):
+    e = expected(PRETRAINING)
+    for source in (PRETRAINING, PRETRAINING / "bert_model.ckpt"):
+        model = bertlab.AutoModelForPreTraining.from_pretrained(source)
+        with torch.no_grad():
+            out = model(**inputs(e))
+        assert np.abs(real(out.prediction_logits, e) - real(e["mlm_logits"], e)).max() < TOL
+    assert bertlab.AutoConfig.from_pretrained(PRETRAINING).hidden_size == 32
+    assert bertlab.AutoTokenizer.from_pretrained(PRETRAINING).vocab_size == len(
+        (PRETRAINING / "vocab.txt").read_text().splitlines()
+    )
+    # Variables bertlab does not map are reported by name (strict: refused), never dropped
+    # silently; a float16 checkpoint loads as float16 with dtype "auto", as transformers would.
+    with caplog.at_level("WARNING", logger="bertlab"):
+        model, info = bertlab.BertModel.from_pretrained(SHARDED, output_loading_info=True)
+    assert "output_weights" in info.unexpected_keys and "output_weights" in caplog.text
+    assert model.dtype == torch.float16
+    with pytest.raises(ValueError, match="output_weights"):
+        bertlab.BertModel.from_pretrained(SHARDED, strict=True)
+    e = expected(SHARDED)
+    model = bertlab.BertModel.from_pretrained(SHARDED, dtype=torch.float32)
+    with torch.no_grad():
+        out = model(**inputs(e))
+    assert np.abs(real(out.last_hidden_state, e) - real(e["sequence_output"], e)).max() < TOL

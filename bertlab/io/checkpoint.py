@@ -34,6 +34,7 @@ SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 PT_BIN = "pytorch_model.bin"
 PT_BIN_INDEX = "pytorch_model.bin.index.json"
+WEIGHT_FILES = (SAFETENSORS, SAFETENSORS_INDEX, PT_BIN, PT_BIN_INDEX)
 
 
 # Backbone keys start with one of these (after the "bert." prefix is removed).
@@ -231,10 +232,17 @@ def load_pretrained(
                 "heads decide whether they have a pooler)"
             )
         init_kwargs["add_pooling_layer"] = bool(kwargs.pop("add_pooling_layer"))
-    directory = resolve_model_dir(path, **hub)
+    source = Path(path)
+    if not source.is_dir() and tf_checkpoint.is_tf_checkpoint(source):
+        directory = source.parent  # a checkpoint prefix such as .../bert_model.ckpt
+    else:
+        directory = source = resolve_model_dir(path, **hub)
     tf = None
-    if state_dict is None and tf_checkpoint.is_tf_checkpoint(directory):
-        tf = tf_checkpoint.read_tf_checkpoint(directory)
+    has_weights = any((directory / name).is_file() for name in WEIGHT_FILES)
+    if state_dict is None and not has_weights and tf_checkpoint.is_tf_checkpoint(source):
+        # TensorFlow's files, read without it; variables bertlab does not map are reported
+        # below as unused, by name, like any other unexpected weight
+        tf = tf_checkpoint.read_tf_checkpoint(source, strict=False)
         state_dict = tf.state_dict
     config = _config_for(directory, config, tf, attn_implementation, kwargs)
     state = read_state_dict(directory) if state_dict is None else state_dict
@@ -244,6 +252,10 @@ def load_pretrained(
     config.name_or_path = str(path)
     model = cls(config, **init_kwargs)
     found, info = match_state_dict(model, state, ignore_mismatched_sizes)
+    if tf is not None:
+        info.unexpected_keys += tf.unmapped
+        if tf.skipped:
+            logger.info("%s: skipped %d optimizer variables", directory, len(tf.skipped))
     if strict and (info.missing_keys or info.unexpected_keys):
         raise ValueError(
             f"strict load of {directory} into {cls.__name__}: missing {info.missing_keys}, "
