@@ -1,6 +1,5 @@
 """BertConfig: defaults, presets, config.json both ways, validation."""
 
-import dataclasses
 import json
 
 import pytest
