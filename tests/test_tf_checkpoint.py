@@ -25,9 +25,9 @@ import bertlab
 from bertlab.cli.main import main as cli
 from bertlab.io import tf_bundle
 from bertlab.io.checkpoint import match_state_dict, read_state_dict
+from bertlab.io.convert import convert_tf_checkpoint
 from bertlab.io.tf_bundle import TFEntry, crc32c, read_index
 from bertlab.io.tf_checkpoint import (
-    convert_tf_checkpoint,
     hf_name,
     is_optimizer_variable,
     is_tf_checkpoint,

@@ -1,6 +1,6 @@
 """``bertlab convert SRC DEST``: an original TensorFlow BERT checkpoint -> a Hugging Face folder.
 
-The work is ``bertlab.io.tf_checkpoint.convert_tf_checkpoint``; this file parses and prints.
+The work is ``bertlab.io.convert.convert_tf_checkpoint``; this file parses and prints.
 Register it with ``add_parsers(subparsers)`` on the ``bertlab`` command's subparsers.
 """
 
@@ -57,7 +57,7 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    from bertlab.io.tf_checkpoint import convert_tf_checkpoint
+    from bertlab.io.convert import convert_tf_checkpoint
 
     report = convert_tf_checkpoint(
         args.source,

@@ -11,6 +11,7 @@ Weights are read with safetensors, or with ``torch.load(weights_only=True)`` for
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import os
@@ -26,7 +27,6 @@ from safetensors.torch import load_file, save_file
 from bertlab.files import HUB_KEYWORDS, atomic_write, resolve_model_dir
 from bertlab.io import tf_checkpoint
 from bertlab.nn.config import BertConfig, read_config_dict
-from bertlab.nn.model import BertModel
 
 logger = logging.getLogger("bertlab")
 
@@ -226,7 +226,7 @@ def load_pretrained(
     hub = {k: kwargs.pop(k) for k in list(kwargs) if k in HUB_KEYWORDS}
     init_kwargs = {}
     if "add_pooling_layer" in kwargs:
-        if not issubclass(cls, BertModel):
+        if "add_pooling_layer" not in inspect.signature(cls.__init__).parameters:
             raise TypeError(
                 f"add_pooling_layer is a keyword of BertModel, not of {cls.__name__} (whose "
                 "heads decide whether they have a pooler)"

@@ -1,13 +1,13 @@
 """Pipelines under transformers' task names, answering in transformers' result shapes (keys,
 Python types, nesting for one input or a list): feature-extraction, fill-mask (shared with
-bertlab's own, in pipelines.py), text-classification (alias sentiment-analysis),
+bertlab's own, in predict.py), text-classification (alias sentiment-analysis),
 token-classification (alias ner), question-answering, zero-shot-classification.
 
 Built by ``bertlab.pipeline(task, model=..., tokenizer=..., device=..., **options)``. Options are
 keywords of the call, or of ``pipeline()`` to set them for every call; an unknown option or a
 bad value is refused by name before any text is read. Held to transformers on the same weights
-by tests/test_pipeline_transformers_tasks.py. Imports pipelines.py (the base class and the
-shared helpers) and, through it, nn/ and the tokenizer.
+by tests/test_pipeline_transformers_tasks.py. Imports base.py (the base class and the shared
+helpers), predict.py (fill-mask), nn/ and the tokenizer.
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ from bertlab.nn.heads import (
     BertForTokenClassification,
 )
 from bertlab.nn.model import BertModel
-from bertlab.pipelines import (
-    FillMaskPipeline,
+from bertlab.pipelines.base import (
     Pipeline,
     _batches,
     _check_flags,
@@ -33,6 +32,7 @@ from bertlab.pipelines import (
     _features,
     _texts,
 )
+from bertlab.pipelines.predict import FillMaskPipeline
 
 
 class FeatureExtractionPipeline(Pipeline):
