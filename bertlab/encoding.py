@@ -51,7 +51,8 @@ def to_python(value: Any) -> Any:
 class BatchEncoding(dict):
     """``input_ids``, ``token_type_ids``, ``attention_mask`` (and what else was asked for), as
     lists, torch tensors or numpy arrays. As in transformers: keys are also attributes
-    (``enc.input_ids``); ``enc[i]`` (an int) is the engine's ``Encoding`` of row ``i``; the
+    (``enc.input_ids``); ``enc[i]`` (an int or a slice) is the engine's ``Encoding`` of row
+    ``i`` (or a list of them; without encodings, a slice cuts every field); the
     mapping methods below take ``(i, index)`` or, for row 0, just ``(index)``."""
 
     def __init__(
@@ -79,7 +80,7 @@ class BatchEncoding(dict):
     def __getitem__(self, item: str | int | slice) -> Any:
         if isinstance(item, str):
             return super().__getitem__(item)
-        if isinstance(item, int) and self._encodings is not None:
+        if isinstance(item, (int, slice)) and self._encodings is not None:
             return self._encodings[item]
         if isinstance(item, slice):
             return {key: value[item] for key, value in self.items()}

@@ -684,13 +684,13 @@ class BertTokenizer:
             raise ValueError(f"pad needs input_ids among the fields, got {list(inputs)}")
         side = self.padding_side if padding_side is None else check_side(padding_side)
         return_tensors = check_tensor_type(return_tensors)
-        if return_attention_mask is None:
-            return_attention_mask = "attention_mask" in self.model_input_names
         ids = inputs["input_ids"]
         if ids is None or len(ids) == 0:
             if return_attention_mask:
                 inputs["attention_mask"] = []
             return BatchEncoding(inputs)
+        if return_attention_mask is None:
+            return_attention_mask = "attention_mask" in self.model_input_names
         first = next((row[0] for row in ids if _is_row(row) and len(row)), ids[0])
         if isinstance(first, torch.Tensor):
             return_tensors = return_tensors or "pt"
@@ -808,8 +808,6 @@ class BertTokenizer:
         return_tensors = check_tensor_type(return_tensors)
         side = self.padding_side if padding_side is None else check_side(padding_side)
         trunc = TRUNCATION[truncation]
-        if return_overflowing_tokens and trunc is None:
-            trunc = "longest_first"
         pad, pad_length = self._padding_plan(
             padding, TRUNCATION[truncation], max_length, pad_to_multiple_of, verbose
         )
