@@ -7,8 +7,9 @@ over 100 characters -> ``[UNK]``), then ``[CLS] A [SEP]`` or ``[CLS] A [SEP] B [
 segment ids 0 for A and 1 for B. The engine does the work; this file holds the configuration,
 the checks on what callers pass, and the API that transformers users know (code written for
 transformers' ``BertTokenizerFast`` / ``AutoTokenizer`` runs with only its import changed).
-What a call returns, and the padding of rows tokenized earlier, live in ``encoding.py``;
-reading vocabulary files and training a vocabulary, in ``vocab.py``.
+Beside it: ``tokenizer_surface.py`` (the rest of transformers' tokenizer API: role tokens,
+special-token lists, added tokens, ``pad``), ``encoding.py`` (``BatchEncoding``, what a call
+returns) and ``vocab.py`` (vocabulary files, ``train_vocab``).
 """
 
 from __future__ import annotations
@@ -529,7 +530,8 @@ class BertTokenizer(TransformersSurface):
                     f"{', '.join((*CALL_OPTIONS, *EXTRA_CALL_OPTIONS))}"
                 )
             return self(text, text_pair, text_target, text_pair_target, **merged)
-        for name, value in (("text_target", text_target), ("text_pair_target", text_pair_target)):
+        targets = (text_target, text_pair_target)
+        for name, value in zip(UNSUPPORTED_CALL_OPTIONS, targets, strict=True):
             if value is not None:
                 raise TypeError(
                     f"{name} is not supported by bertlab's tokenizer (BERT has no "

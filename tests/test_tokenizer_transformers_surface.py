@@ -333,6 +333,8 @@ def test_add_tokens_like_transformers(tmp_path):
     assert ours.convert_tokens_to_ids(["<ent>", "zzzqqq", "new_tok"]) == [30524, 100, 30522]
     mask = ours.get_special_tokens_mask(ids, already_has_special_tokens=True)
     assert mask == ref.get_special_tokens_mask(ids, already_has_special_tokens=True)
+    copied = pickle.loads(pickle.dumps(ours))  # (DataLoader workers that spawn pickle it)
+    assert copied(text)["input_ids"] == ids and len(copied) == len(ours)
 
 
 @pytest.mark.parametrize("saver", ["bertlab", "transformers"])
