@@ -40,7 +40,7 @@ from bertlab.encoding import (
     check_tensor_type,
     to_python,
 )
-from bertlab.files import atomic_write, resolve_model_dir
+from bertlab.files import HUB_KEYWORDS, atomic_write, resolve_model_dir
 from bertlab.tokenizer_surface import TransformersSurface
 from bertlab.vocab import (
     MAX_WORD_CHARS,
@@ -263,8 +263,10 @@ class BertTokenizer(TransformersSurface):
         or a ``tokenizer.json`` holding a WordPiece model. Added tokens are read from
         tokenizer.json (else tokenizer_config.json's ``added_tokens_decoder``, else
         added_tokens.json). Keywords override the folder's settings (``padding_side="left"``);
-        an unknown keyword is a TypeError."""
-        d = resolve_model_dir(path)
+        transformers' hub keywords (``cache_dir``, ``revision`` ...) say where a name's local copy
+        is, as for the models; an unknown keyword is a TypeError."""
+        hub = {k: overrides.pop(k) for k in list(overrides) if k in HUB_KEYWORDS}
+        d = resolve_model_dir(path, **hub)
         cfg: dict[str, Any] = {}
         if (d / "tokenizer_config.json").is_file():
             cfg = json.loads((d / "tokenizer_config.json").read_text(encoding="utf-8"))
