@@ -22,7 +22,7 @@ import torch
 
 import bertlab
 from bertlab import BertTokenizer
-from bertlab.encoding import BatchEncoding
+from bertlab.tokenizer.encoding import BatchEncoding
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers / huggingface_hub read it
 

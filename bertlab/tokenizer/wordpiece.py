@@ -34,15 +34,15 @@ from tokenizers import (
     processors,
 )
 
-from bertlab.encoding import (
+from bertlab.files import HUB_KEYWORDS, atomic_write, resolve_model_dir
+from bertlab.tokenizer.encoding import (
     BatchEncoding,
     check_side,
     check_tensor_type,
     to_python,
 )
-from bertlab.files import HUB_KEYWORDS, atomic_write, resolve_model_dir
-from bertlab.tokenizer_surface import TransformersSurface
-from bertlab.vocab import (
+from bertlab.tokenizer.surface import TokenizerSurface
+from bertlab.tokenizer.vocab import (
     MAX_WORD_CHARS,
     SPECIAL_TOKENS,
     added_token,
@@ -106,7 +106,7 @@ CLEAN_UP = (
 )  # fmt: skip
 
 
-class BertTokenizer(TransformersSurface):
+class BertTokenizer(TokenizerSurface):
     """WordPiece tokenizer for BERT. Build with ``from_pretrained(dir)`` or from a vocab.txt.
 
     ``added_tokens``: entries of a saved tokenizer.json's ``added_tokens`` list (``id``,

@@ -3,7 +3,7 @@ the role tokens as attributes (``cls_token``, ``pad_token_id``...), the special-
 masks, added tokens, ``pad`` for rows tokenized earlier (what data collators call), and the
 [CLS]/[SEP] builders.
 
-``TransformersSurface`` is a mixin: ``BertTokenizer`` (tokenizer.py) owns the engine and the
+``TokenizerSurface`` is a mixin: ``BertTokenizer`` (tokenizer.py) owns the engine and the
 state these methods read and change: ``special_tokens`` (role -> token), ``vocab``, ``_tok``
 (the engine), ``_added`` (added tokens, in order), ``_size`` (``len(tokenizer)``),
 ``_extra_special``, ``_unk_above``, ``_engine()`` (rebuilds the engine), ``_template()`` (the
@@ -19,8 +19,14 @@ import numpy as np
 import torch
 from tokenizers import AddedToken, Tokenizer
 
-from bertlab.encoding import BatchEncoding, check_side, check_tensor_type, pad_rows, to_python
-from bertlab.vocab import SPECIAL_TOKENS
+from bertlab.tokenizer.encoding import (
+    BatchEncoding,
+    check_side,
+    check_tensor_type,
+    pad_rows,
+    to_python,
+)
+from bertlab.tokenizer.vocab import SPECIAL_TOKENS
 
 
 def _role_property(role: str, ids: bool) -> property:
@@ -41,7 +47,7 @@ def _role_property(role: str, ids: bool) -> property:
     return property(get, set, doc=f"The {role.replace('_', ' ')}{' id' if ids else ''}.")
 
 
-class TransformersSurface:
+class TokenizerSurface:
     """What transformers' BertTokenizerFast offers beside encoding (see the module docstring)."""
 
     unk_token = _role_property("unk_token", ids=False)
