@@ -5,21 +5,25 @@ put spaces around CJK characters, lower-case and strip accents for uncased vocab
 whitespace and punctuation, greedy longest-match WordPiece (``playing`` -> ``play ##ing``; a word
 over 100 characters -> ``[UNK]``), then ``[CLS] A [SEP]`` or ``[CLS] A [SEP] B [SEP]`` with
 segment ids 0 for A and 1 for B. The engine does the work; this file holds the configuration,
-the checks on what callers pass, and the API that transformers users know.
+the checks on what callers pass, and the API that transformers users know (code written for
+transformers' ``BertTokenizerFast`` / ``AutoTokenizer`` runs with only its import changed).
+What a call returns, and the padding of rows tokenized earlier, live in ``encoding.py``.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
-from collections.abc import Iterable, Iterator
+import warnings
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from tokenizers import (
     AddedToken,
-    Encoding,
     Tokenizer,
     decoders,
     models,
@@ -29,7 +33,18 @@ from tokenizers import (
     trainers,
 )
 
+from bertlab.encoding import (
+    BatchEncoding,
+    check_side,
+    check_tensor_type,
+    pad_rows,
+    to_python,
+)
 from bertlab.files import atomic_write, resolve_model_dir
+
+__all__ = ["BatchEncoding", "BertTokenizer", "read_vocab", "train_vocab"]
+
+logger = logging.getLogger(__name__)
 
 # Role -> the token BERT uses for it. Every vocabulary must hold all five.
 SPECIAL_TOKENS = {
@@ -40,6 +55,7 @@ SPECIAL_TOKENS = {
     "mask_token": "[MASK]",
 }
 MAX_WORD_CHARS = 100  # longer words become [UNK], as in the original BERT
+NO_LIMIT = int(1e30)  # model_max_length of a folder that names none (transformers' value)
 PADDING = {
     False: None,
     "do_not_pad": None,
@@ -55,6 +71,38 @@ TRUNCATION = {
     "only_first": "only_first",
     "only_second": "only_second",
 }
+# The keywords of __call__ (transformers' set). text_target / text_pair_target would encode
+# labels for sequence-to-sequence models, which BERT is not: they raise.
+CALL_OPTIONS = (
+    "add_special_tokens",
+    "padding",
+    "truncation",
+    "max_length",
+    "stride",
+    "is_split_into_words",
+    "pad_to_multiple_of",
+    "padding_side",
+    "return_tensors",
+    "return_token_type_ids",
+    "return_attention_mask",
+    "return_overflowing_tokens",
+    "return_special_tokens_mask",
+    "return_offsets_mapping",
+    "return_length",
+    "verbose",
+)
+EXTRA_CALL_OPTIONS = ("split_special_tokens", "max_target_length", "tokenizer_kwargs")
+UNSUPPORTED_CALL_OPTIONS = ("text_target", "text_pair_target")
+# (the transformers warning, word for word, so that filters written for it still match)
+MAX_LENGTH_IGNORED = (
+    "`max_length` is ignored when `padding`=`True` and there is no truncation strategy. "
+    "To pad to max length, use `padding='max_length'`."
+)
+# Spaces the WordPiece join leaves before punctuation and English contractions.
+CLEAN_UP = (
+    (" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
+    (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"),
+)  # fmt: skip
 
 
 def read_vocab(path: str | os.PathLike) -> list[str]:
@@ -66,34 +114,30 @@ def read_vocab(path: str | os.PathLike) -> list[str]:
         return [line.rstrip("\n") for line in f]
 
 
-class BatchEncoding(dict):
-    """``input_ids``, ``token_type_ids``, ``attention_mask`` (and what else was asked for), as
-    lists or tensors; per sequence, ``tokens(i)``, ``word_ids(i)`` and ``sequence_ids(i)``."""
+def _role_property(role: str, ids: bool) -> property:
+    """``tokenizer.cls_token`` / ``cls_token_id`` (read and write), kept in ``special_tokens``."""
 
-    def __init__(self, data: dict[str, Any], encodings: list[Encoding]):
-        super().__init__(data)
-        self.encodings = encodings
+    def get(self: BertTokenizer) -> Any:
+        token = self.special_tokens[role]
+        return self.convert_tokens_to_ids(token) if ids else token
 
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self[name]
-        except KeyError:
-            raise AttributeError(name) from None
+    def set(self: BertTokenizer, value: Any) -> None:
+        token = self.convert_ids_to_tokens(int(value)) if ids else value
+        if not isinstance(token, str):
+            raise TypeError(f"{role} must be a str, got {type(value).__name__}: {value!r:.60}")
+        self.special_tokens[role] = token
+        if role in ("cls_token", "sep_token"):
+            self._tok.post_processor = self._template()
 
-    def tokens(self, i: int = 0) -> list[str]:
-        return self.encodings[i].tokens
-
-    def word_ids(self, i: int = 0) -> list[int | None]:
-        """Index of the word each token comes from (None for special tokens and padding)."""
-        return self.encodings[i].word_ids
-
-    def sequence_ids(self, i: int = 0) -> list[int | None]:
-        """0 or 1: the segment each token comes from (None for special tokens and padding)."""
-        return self.encodings[i].sequence_ids
+    return property(get, set, doc=f"The {role.replace('_', ' ')}{' id' if ids else ''}.")
 
 
 class BertTokenizer:
-    """WordPiece tokenizer for BERT. Build with ``from_pretrained(dir)`` or from a vocab.txt."""
+    """WordPiece tokenizer for BERT. Build with ``from_pretrained(dir)`` or from a vocab.txt.
+
+    ``added_tokens``: entries of a saved tokenizer.json's ``added_tokens`` list (``id``,
+    ``content``, ``special``, ``normalized``, ``single_word``, ``lstrip``, ``rstrip``), applied
+    in id order; their ids must follow the vocabulary without gaps."""
 
     def __init__(
         self,
@@ -102,7 +146,14 @@ class BertTokenizer:
         strip_accents: bool | None = None,
         tokenize_chinese_chars: bool = True,
         never_split: Iterable[str] | None = None,
-        model_max_length: int = 512,
+        model_max_length: int = NO_LIMIT,
+        padding_side: str = "right",
+        truncation_side: str = "right",
+        clean_up_tokenization_spaces: bool = False,
+        split_special_tokens: bool = False,
+        extra_special_tokens: Sequence[str] | None = None,
+        added_tokens: Sequence[Mapping[str, Any]] | None = None,
+        name_or_path: str = "",
         **special_tokens: str,
     ):
         unknown = set(special_tokens) - set(SPECIAL_TOKENS)
@@ -116,7 +167,9 @@ class BertTokenizer:
         # A token listed twice takes the id of its last line, as in the reference.
         self.vocab = {t: i for i, t in enumerate(self._lines)}
         self.ids_to_tokens = dict(enumerate(self._lines))
-        missing = [t for t in self.special_tokens.values() if t not in self.vocab]
+        saved = sorted(added_tokens or (), key=lambda entry: int(entry["id"]))
+        names = set(self.vocab) | {entry["content"] for entry in saved}
+        missing = [t for t in self.special_tokens.values() if t not in names]
         if missing:
             where = "" if isinstance(vocab, dict) else f" {vocab}"
             raise ValueError(f"vocabulary{where} lacks the special tokens {', '.join(missing)}")
@@ -125,50 +178,102 @@ class BertTokenizer:
         self.tokenize_chinese_chars = tokenize_chinese_chars
         self.never_split = sorted(set(never_split or ()))
         self.model_max_length = model_max_length
-        for role, token in self.special_tokens.items():
-            setattr(self, role, token)
-            setattr(self, f"{role}_id", self.vocab[token])
+        self.padding_side = check_side(padding_side)
+        self.truncation_side = check_side(truncation_side, "truncation_side")
+        self.clean_up_tokenization_spaces = clean_up_tokenization_spaces
+        self.split_special_tokens = split_special_tokens
+        self.name_or_path = name_or_path
+        self._base_unk = self.special_tokens["unk_token"]  # the engine's WordPiece [UNK]
+        self._extra_special: list[str] = []
+        self._warned_long = False
+        # Tokens added after the vocabulary, in the order they were added: (tokens, special).
+        self._added: list[tuple[list[AddedToken], bool]] = [
+            ([_added_token(entry)], bool(entry.get("special", False))) for entry in saved
+        ]
+        self._tok, _ = self._engine()
+        for entry in saved:
+            got = self._tok.token_to_id(entry["content"])
+            if got != int(entry["id"]):
+                raise ValueError(
+                    f"added token {entry['content']!r} has id {entry['id']} in the file, but "
+                    f"added ids must follow the vocabulary ({len(self.vocab)} tokens) in order "
+                    f"without gaps (it would get {got})"
+                )
+        self.add_special_tokens(
+            {"extra_special_tokens": list(extra_special_tokens or ())},
+            replace_extra_special_tokens=False,
+        )
 
+    def _engine(self, never_split: bool = True) -> tuple[Tokenizer, int]:
+        """The engine for this vocabulary and its added tokens (and the number the last batch
+        of added tokens added). ``never_split`` words come last: those outside the vocabulary
+        get ids from ``len(self)`` up, mapped back to [UNK] after encoding."""
         tok = Tokenizer(
             models.WordPiece(
-                self.vocab, unk_token=self.unk_token, max_input_chars_per_word=MAX_WORD_CHARS
+                self.vocab, unk_token=self._base_unk, max_input_chars_per_word=MAX_WORD_CHARS
             )
         )
         tok.normalizer = normalizers.BertNormalizer(
             clean_text=True,
-            handle_chinese_chars=tokenize_chinese_chars,
-            strip_accents=strip_accents,  # None: strip when lower-casing, as BERT does
-            lowercase=do_lower_case,
+            handle_chinese_chars=self.tokenize_chinese_chars,
+            strip_accents=self.strip_accents,  # None: strip when lower-casing, as BERT does
+            lowercase=self.do_lower_case,
         )
         tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tok.decoder = decoders.WordPiece(prefix="##")
+        # Special tokens are found anywhere in the text and never split or lower-cased.
+        roles = [t for t in self.special_tokens.values() if t in self.vocab]
+        tok.add_special_tokens([AddedToken(t, normalized=False) for t in roles])
+        count = 0
+        for tokens, special in self._added:
+            count = tok.add_special_tokens(tokens) if special else tok.add_tokens(tokens)
+        self._size = tok.get_vocab_size(with_added_tokens=True)
+        self._tok = tok  # (the template reads the role ids from it)
+        tok.post_processor = self._template()
+        self._unk_above = None
+        if never_split and self.never_split:
+            # never_split words are kept whole where they stand as words, as in the original
+            # code: a word W matches text that is W, or (uncased) text that lower-cases to W. The
+            # first is an exact match; when W is already in normal form the match on normalised
+            # text gives both. A word the vocabulary lacks becomes [UNK].
+            norm = tok.normalizer.normalize_str
+            words = [
+                AddedToken(w, single_word=True, normalized=norm(w) == w) for w in self.never_split
+            ]
+            tok.add_tokens(words)
+            if tok.get_vocab_size(with_added_tokens=True) > self._size:
+                self._unk_above = self._size
+        return tok, count
+
+    def _template(self) -> processors.TemplateProcessing:
         cls, sep = self.cls_token, self.sep_token
-        tok.post_processor = processors.TemplateProcessing(
+        return processors.TemplateProcessing(
             single=f"{cls}:0 $A:0 {sep}:0",
             pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
             special_tokens=[(cls, self.cls_token_id), (sep, self.sep_token_id)],
         )
-        tok.decoder = decoders.WordPiece(prefix="##")
-        # Special tokens are found anywhere in the text and never split or lower-cased.
-        specials = [AddedToken(t, normalized=False) for t in self.special_tokens.values()]
-        tok.add_special_tokens(specials)
-        # never_split words are kept whole where they stand as words, as in the original code:
-        # a word W matches text that is W, or (uncased) text that lower-cases to W. The first is
-        # an exact match; when W is already in normal form the match on normalised text gives
-        # both. A word the vocabulary lacks becomes [UNK] (the engine gives it an id past the
-        # vocabulary, mapped back after encoding).
-        norm = tok.normalizer.normalize_str
-        words = [AddedToken(w, single_word=True, normalized=norm(w) == w) for w in self.never_split]
-        tok.add_tokens(words)
-        outside = any(t not in self.vocab for t in self.never_split)
-        self._unk_above = len(self._lines) if outside else None
-        self._tok = tok
+
+    unk_token = _role_property("unk_token", ids=False)
+    sep_token = _role_property("sep_token", ids=False)
+    pad_token = _role_property("pad_token", ids=False)
+    cls_token = _role_property("cls_token", ids=False)
+    mask_token = _role_property("mask_token", ids=False)
+    unk_token_id = _role_property("unk_token", ids=True)
+    sep_token_id = _role_property("sep_token", ids=True)
+    pad_token_id = _role_property("pad_token", ids=True)
+    cls_token_id = _role_property("cls_token", ids=True)
+    mask_token_id = _role_property("mask_token", ids=True)
 
     # ----------------------------------------------------------------------------- files
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, **overrides: Any) -> BertTokenizer:
         """From a model folder: ``vocab.txt`` with optional ``tokenizer_config.json`` (its
-        do_lower_case, strip_accents, tokenize_chinese_chars, never_split, special tokens and
-        model_max_length are honoured), or a ``tokenizer.json`` holding a WordPiece model."""
+        do_lower_case, strip_accents, tokenize_chinese_chars, never_split, special tokens,
+        model_max_length, padding_side, truncation_side and extra special tokens are honoured),
+        or a ``tokenizer.json`` holding a WordPiece model. Added tokens are read from
+        tokenizer.json (else tokenizer_config.json's ``added_tokens_decoder``, else
+        added_tokens.json). Keywords override the folder's settings (``padding_side="left"``);
+        an unknown keyword is a TypeError."""
         d = resolve_model_dir(path)
         cfg: dict[str, Any] = {}
         if (d / "tokenizer_config.json").is_file():
@@ -178,26 +283,58 @@ class BertTokenizer:
             if not (d / "tokenizer.json").is_file():
                 raise FileNotFoundError(f"no vocab.txt or tokenizer.json in {d}")
             vocab, cfg = _read_tokenizer_json(d / "tokenizer.json", cfg)
-        kwargs: dict[str, Any] = {}
-        for key in ("do_lower_case", "strip_accents", "tokenize_chinese_chars", "never_split"):
+        kwargs: dict[str, Any] = {"name_or_path": str(path), "added_tokens": _saved_added(d, cfg)}
+        settings = (
+            "do_lower_case",
+            "strip_accents",
+            "tokenize_chinese_chars",
+            "never_split",
+            "padding_side",
+            "truncation_side",
+            "clean_up_tokenization_spaces",
+            "split_special_tokens",
+        )
+        for key in settings:
             if cfg.get(key) is not None:
                 kwargs[key] = cfg[key]
         max_len = cfg.get("model_max_length")
-        if isinstance(max_len, int) and 0 < max_len < 10**9:  # transformers writes 1e30 for "none"
-            kwargs["model_max_length"] = max_len
+        if isinstance(max_len, (int, float)) and max_len > 0:
+            kwargs["model_max_length"] = int(max_len)
         for role in SPECIAL_TOKENS:
             value = cfg.get(role)
             if isinstance(value, dict):  # transformers' AddedToken spelling
                 value = value.get("content")
             if isinstance(value, str):
                 kwargs[role] = value
+        extra = cfg.get("extra_special_tokens") or cfg.get("additional_special_tokens")
+        if extra is None and (d / "special_tokens_map.json").is_file():
+            extra = json.loads((d / "special_tokens_map.json").read_text(encoding="utf-8")).get(
+                "additional_special_tokens"
+            )
+        if isinstance(extra, list):
+            kwargs["extra_special_tokens"] = [
+                t["content"] if isinstance(t, dict) else t for t in extra
+            ]
+        allowed = {*settings, "model_max_length", "extra_special_tokens", *SPECIAL_TOKENS}
+        unknown = sorted(set(overrides) - allowed)
+        if unknown:
+            raise TypeError(
+                f"from_pretrained got unknown keywords {unknown}; bertlab's tokenizer takes "
+                f"{sorted(allowed)}"
+            )
         return cls(vocab, **{**kwargs, **overrides})
 
-    def save_pretrained(self, directory: str | os.PathLike) -> None:
-        """Write vocab.txt, tokenizer_config.json, special_tokens_map.json and tokenizer.json
-        (transformers loads them back and tokenizes identically)."""
+    def save_pretrained(
+        self, directory: str | os.PathLike, legacy_format: bool | None = None
+    ) -> tuple[str, ...]:
+        """Write vocab.txt, tokenizer_config.json, special_tokens_map.json, tokenizer.json (with
+        the added tokens) and, when tokens were added past the vocabulary, added_tokens.json:
+        transformers loads the folder back and tokenizes identically. Returns the paths."""
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
+        special = {**self.special_tokens}
+        if self._extra_special:
+            special["additional_special_tokens"] = list(self._extra_special)
         config = {
             "tokenizer_class": "BertTokenizer",
             "do_lower_case": self.do_lower_case,
@@ -205,29 +342,36 @@ class BertTokenizer:
             "tokenize_chinese_chars": self.tokenize_chinese_chars,
             "never_split": self.never_split or None,
             "model_max_length": self.model_max_length,
+            "padding_side": self.padding_side,
+            "truncation_side": self.truncation_side,
+            "clean_up_tokenization_spaces": self.clean_up_tokenization_spaces,
             **self.special_tokens,
         }
-        self._configure(None, None, 0)
+        if self._extra_special:
+            config["extra_special_tokens"] = list(self._extra_special)
+        engine, _ = self._engine(never_split=False)  # (never_split is a tokenizer_config setting)
+        self._tok, _ = self._engine()
         files = {
             "vocab.txt": "".join(t + "\n" for t in self._lines),
             "tokenizer_config.json": json.dumps(config, indent=2) + "\n",
-            "special_tokens_map.json": json.dumps(self.special_tokens, indent=2) + "\n",
-            "tokenizer.json": self._tok.to_str(),
+            "special_tokens_map.json": json.dumps(special, indent=2) + "\n",
+            "tokenizer.json": engine.to_str(),
         }
+        added = {t: i for t, i in self.get_added_vocab().items() if i >= self.vocab_size}
+        if added:
+            files["added_tokens.json"] = json.dumps(added, indent=2) + "\n"
         for name, text in files.items():
             atomic_write(d / name, lambda p, text=text: Path(p).write_text(text, "utf-8"))
+        return tuple(str(d / name) for name in files)
 
     # ----------------------------------------------------------------------------- basics
     @property
     def vocab_size(self) -> int:
+        """The base vocabulary (added tokens not counted: ``len(tokenizer)`` counts them)."""
         return len(self.vocab)
 
     def __len__(self) -> int:
-        return len(self.vocab)
-
-    @property
-    def all_special_ids(self) -> list[int]:
-        return sorted(self.vocab[t] for t in self.special_tokens.values())
+        return self._size
 
     def num_special_tokens_to_add(self, pair: bool = False) -> int:
         return 3 if pair else 2
@@ -247,22 +391,33 @@ class BertTokenizer:
         ]
 
     def convert_tokens_to_ids(self, tokens: str | list[str]) -> int | list[int]:
+        """Ids of tokens (added ones included); an unknown token is [UNK]'s id."""
         if isinstance(tokens, str):
-            return self.vocab.get(tokens, self.unk_token_id)
-        return [self.vocab.get(t, self.unk_token_id) for t in tokens]
+            return self._token_to_id(tokens)
+        return [self._token_to_id(t) for t in tokens]
+
+    def _token_to_id(self, token: str) -> int:
+        i = self.vocab.get(token)
+        if i is None:
+            i = self._tok.token_to_id(token)
+        if i is None or i >= self._size:
+            return self._token_to_id(self.special_tokens["unk_token"])
+        return i
 
     def convert_ids_to_tokens(
         self, ids: int | list[int], skip_special_tokens: bool = False
     ) -> str | list[str]:
-        if isinstance(ids, int):
-            return self._id_to_token(ids)
+        if isinstance(ids, (int, np.integer)) or (isinstance(ids, torch.Tensor) and ids.dim() == 0):
+            return self._id_to_token(int(ids))
         special = set(self.all_special_ids) if skip_special_tokens else set()
         return [self._id_to_token(int(i)) for i in ids if int(i) not in special]
 
     def _id_to_token(self, i: int) -> str:
-        if i not in self.ids_to_tokens:
-            raise ValueError(f"token id {i} is outside the vocabulary (size {len(self.vocab)})")
-        return self.ids_to_tokens[i]
+        if i in self.ids_to_tokens:
+            return self.ids_to_tokens[i]
+        if not 0 <= i < self._size:
+            raise ValueError(f"token id {i} is outside the vocabulary (size {self._size})")
+        return self._tok.id_to_token(i)
 
     def convert_tokens_to_string(self, tokens: list[str]) -> str:
         """Word pieces back to text: ``##`` continuations joined to the previous piece."""
@@ -273,69 +428,358 @@ class BertTokenizer:
         text: str,
         text_pair: str | None = None,
         add_special_tokens: bool = True,
-        truncation: bool | str | None = None,
-        max_length: int | None = None,
-        return_tensors: str | None = None,
-    ) -> list[int] | torch.Tensor:
-        """Token ids of one text (or pair); ``return_tensors="pt"`` gives a (1, T) tensor."""
-        enc = self(
-            text,
-            text_pair,
-            add_special_tokens=add_special_tokens,
-            truncation=truncation,
-            max_length=max_length,
-            return_tensors=return_tensors,
-            return_token_type_ids=False,
-            return_attention_mask=False,
-        )
-        return enc["input_ids"]
+        **kwargs: Any,
+    ) -> list[int] | torch.Tensor | np.ndarray:
+        """Token ids of one text (or pair); ``return_tensors="pt"`` gives a (1, T) tensor. Takes
+        the keywords of ``__call__``."""
+        kwargs = {"return_token_type_ids": False, "return_attention_mask": False, **kwargs}
+        return self(text, text_pair, add_special_tokens=add_special_tokens, **kwargs)["input_ids"]
 
-    def decode(self, ids: Iterable[int] | torch.Tensor, skip_special_tokens: bool = False) -> str:
-        """Text from ids: word pieces joined back (``play ##ing`` -> ``playing``)."""
-        if isinstance(ids, torch.Tensor):
-            if ids.dim() == 2:
-                return self.batch_decode(ids, skip_special_tokens=skip_special_tokens)
-            ids = ids.reshape(-1).tolist()
+    def decode(
+        self,
+        token_ids: int | Iterable[int] | Iterable[Iterable[int]] | torch.Tensor | np.ndarray,
+        skip_special_tokens: bool = False,
+        clean_up_tokenization_spaces: bool | None = None,
+    ) -> str | list[str]:
+        """Text from ids: word pieces joined back (``play ##ing`` -> ``playing``). A batch (a
+        2-D tensor or array, or a list of lists) gives a list of texts. With
+        ``clean_up_tokenization_spaces`` (default: the tokenizer's setting, False) spaces before
+        punctuation and contractions are removed."""
+        ids = to_python(token_ids)
+        if isinstance(ids, dict):
+            ids = ids["input_ids"]
+        if isinstance(ids, int):
+            ids = [ids]
+        if ids and isinstance(ids[0], (list, tuple)):
+            return [
+                self.decode(row, skip_special_tokens, clean_up_tokenization_spaces) for row in ids
+            ]
         ids = [int(i) for i in ids]
         for i in ids:
             self._id_to_token(i)
-        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+        text = self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+        if clean_up_tokenization_spaces is None:
+            clean_up_tokenization_spaces = self.clean_up_tokenization_spaces
+        if clean_up_tokenization_spaces:
+            for before, after in CLEAN_UP:
+                text = text.replace(before, after)
+        return text
 
-    def batch_decode(self, batch: Iterable[Iterable[int]] | torch.Tensor, **kwargs: Any):
-        return [self.decode(ids, **kwargs) for ids in batch]
+    def batch_decode(
+        self,
+        sequences: Iterable[Iterable[int]] | torch.Tensor | np.ndarray,
+        skip_special_tokens: bool = False,
+        clean_up_tokenization_spaces: bool | None = None,
+    ) -> list[str]:
+        texts = self.decode(sequences, skip_special_tokens, clean_up_tokenization_spaces)
+        return [texts] if isinstance(texts, str) else texts
+
+    # ------------------------------------------------------------------ transformers' surface
+    # The attributes and methods that code written for transformers' BertTokenizerFast reads.
+    model_input_names = ["input_ids", "token_type_ids", "attention_mask"]
+    pad_token_type_id = 0
+
+    @property
+    def is_fast(self) -> bool:
+        """True: the Rust engine tokenizes (offsets, word_ids and char_to_token are available)."""
+        return True
+
+    @property
+    def backend_tokenizer(self) -> Tokenizer:
+        """The ``tokenizers`` engine (its padding and truncation are set afresh by each call)."""
+        return self._tok
+
+    @property
+    def special_tokens_map(self) -> dict[str, str]:
+        """Role -> token, for the five roles (extra special tokens are not listed here)."""
+        return dict(self.special_tokens)
+
+    @property
+    def extra_special_tokens(self) -> list[str]:
+        """Special tokens without a role, added by ``add_special_tokens``."""
+        return list(self._extra_special)
+
+    additional_special_tokens = extra_special_tokens  # (its name before transformers 5)
+
+    @property
+    def all_special_tokens(self) -> list[str]:
+        """The role tokens (unk, sep, pad, cls, mask), then the extra special tokens."""
+        return list(dict.fromkeys([*self.special_tokens.values(), *self._extra_special]))
+
+    @property
+    def all_special_ids(self) -> list[int]:
+        return self.convert_tokens_to_ids(self.all_special_tokens)
+
+    def get_vocab(self) -> dict[str, int]:
+        """Token -> id, added tokens included."""
+        return {**self.vocab, **self.get_added_vocab()}
+
+    def get_added_vocab(self) -> dict[str, int]:
+        """Tokens held as added tokens (the special ones included) -> id."""
+        return {t.content: i for i, t in sorted(self.added_tokens_decoder.items())}
+
+    @property
+    def added_tokens_decoder(self) -> dict[int, AddedToken]:
+        kept = set(self.never_split) - {t.content for ts, _ in self._added for t in ts}
+        return {
+            i: t
+            for i, t in self._tok.get_added_tokens_decoder().items()
+            if i < self._size and t.content not in kept
+        }
+
+    @property
+    def added_tokens_encoder(self) -> dict[str, int]:
+        return self.get_added_vocab()
+
+    def add_tokens(
+        self,
+        new_tokens: str | AddedToken | Sequence[str | AddedToken],
+        special_tokens: bool = False,
+    ) -> int:
+        """Add tokens that are never split: those not in the vocabulary get ids from
+        ``len(tokenizer)`` up. Returns how many the engine added. A plain str matches text after
+        normalisation (so ``NEW_TOK`` finds ``new_tok`` in an uncased tokenizer), anywhere, even
+        inside a word; an ``AddedToken`` says otherwise. ``vocab_size`` stays the base vocabulary;
+        ``len(tokenizer)`` grows (resize the model's embeddings to it)."""
+        if not new_tokens:
+            return 0
+        if not isinstance(new_tokens, (list, tuple)):
+            new_tokens = [new_tokens]
+        for i, t in enumerate(new_tokens):
+            if not isinstance(t, (str, AddedToken)):
+                raise TypeError(f"new_tokens[{i}] must be a str or an AddedToken, got {t!r:.60}")
+        tokens = [
+            t
+            if isinstance(t, AddedToken)
+            else AddedToken(t, special=special_tokens, normalized=not special_tokens)
+            for t in new_tokens
+        ]
+        self._added.append((tokens, special_tokens))
+        if self._unk_above is None:
+            add = self._tok.add_special_tokens if special_tokens else self._tok.add_tokens
+            count = add(tokens)
+            self._size = self._tok.get_vocab_size(with_added_tokens=True)
+            return count
+        self._tok, count = self._engine()  # never_split words stay after the added tokens
+        return count
+
+    def add_special_tokens(
+        self, special_tokens_dict: Mapping[str, Any], replace_extra_special_tokens: bool = True
+    ) -> int:
+        """Set role tokens (``{"pad_token": "<pad>"}``) and extra special tokens
+        (``{"additional_special_tokens": [...]}`` or ``"extra_special_tokens"``), adding those
+        not yet held. Special tokens are matched exactly (not lower-cased), never split, and
+        skipped by ``decode(skip_special_tokens=True)``. Returns how many tokens were added.
+        A new cls_token or sep_token is used by the [CLS] A [SEP] template at once (transformers
+        keeps the old one until the tokenizer is saved and loaded again)."""
+        given = dict(special_tokens_dict)
+        if "additional_special_tokens" in given and not given.get("extra_special_tokens"):
+            given["extra_special_tokens"] = given.pop("additional_special_tokens")
+        allowed = [*SPECIAL_TOKENS, "extra_special_tokens", "additional_special_tokens"]
+        tokens: list[str | AddedToken] = []
+        for key, value in given.items():
+            if key not in allowed:
+                raise ValueError(
+                    f"{key!r} is not a special token role of BERT: use one of {allowed}"
+                )
+            if key in ("extra_special_tokens", "additional_special_tokens"):
+                if not isinstance(value, (list, tuple)) or not all(
+                    isinstance(t, (str, AddedToken)) for t in value
+                ):
+                    raise ValueError(
+                        f"{key} must be a list of str or AddedToken, got {value!r:.80}"
+                    )
+                new = [
+                    t
+                    for t in value
+                    if replace_extra_special_tokens or str(t) not in self._extra_special
+                ]
+                if replace_extra_special_tokens and new:
+                    self._extra_special = [str(t) for t in new]
+                else:
+                    self._extra_special += [str(t) for t in new]
+                tokens += new
+            else:
+                if not isinstance(value, (str, AddedToken)):
+                    raise ValueError(f"{key} must be a str or an AddedToken, got {value!r:.60}")
+                self.special_tokens[key] = str(value)
+                tokens.append(value)
+        tokens = [
+            AddedToken(t, normalized=False, special=True) if isinstance(t, str) else t
+            for t in tokens
+        ]
+        count = self.add_tokens(tokens, special_tokens=True)
+        if {"cls_token", "sep_token"} & set(given):
+            self._tok.post_processor = self._template()
+        return count
+
+    def get_special_tokens_mask(
+        self,
+        token_ids_0: list[int],
+        token_ids_1: list[int] | None = None,
+        already_has_special_tokens: bool = False,
+    ) -> list[int]:
+        """1 for a special token, 0 for text. ``already_has_special_tokens``: the ids are a
+        whole input (what data collators pass): 1 where an id is a special token's. Otherwise
+        they are the text(s) before [CLS]/[SEP] are added: the mask of the result (transformers'
+        fast tokenizer has no such form; this is its original BERT tokenizer's)."""
+        if already_has_special_tokens:
+            if token_ids_1 is not None:
+                raise ValueError(
+                    "token_ids_1 must be None when the ids already hold their special tokens"
+                )
+            special = set(self.all_special_ids)
+            return [1 if int(i) in special else 0 for i in token_ids_0]
+        mask = [1] + [0] * len(token_ids_0) + [1]
+        return mask if token_ids_1 is None else mask + [0] * len(token_ids_1) + [1]
+
+    def build_inputs_with_special_tokens(
+        self, token_ids_0: list[int], token_ids_1: list[int] | None = None
+    ) -> list[int]:
+        """``[CLS] A [SEP]`` or ``[CLS] A [SEP] B [SEP]`` as ids."""
+        cls, sep = [self.cls_token_id], [self.sep_token_id]
+        ids = cls + list(token_ids_0) + sep
+        return ids if token_ids_1 is None else ids + list(token_ids_1) + sep
+
+    def create_token_type_ids_from_sequences(
+        self, token_ids_0: list[int], token_ids_1: list[int] | None = None
+    ) -> list[int]:
+        """Segment ids of ``build_inputs_with_special_tokens``: 0 for [CLS] A [SEP], then 1."""
+        types = [0] * (len(token_ids_0) + 2)
+        return types if token_ids_1 is None else types + [1] * (len(token_ids_1) + 1)
+
+    def pad(
+        self,
+        encoded_inputs: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+        padding: bool | str = True,
+        max_length: int | None = None,
+        pad_to_multiple_of: int | None = None,
+        padding_side: str | None = None,
+        return_attention_mask: bool | None = None,
+        return_tensors: str | None = None,
+        verbose: bool = True,
+    ) -> BatchEncoding:
+        """Pad rows tokenized earlier (what ``DataCollatorWithPadding`` and
+        ``DataCollatorForLanguageModeling`` call): a list of dicts (of lists, tensors or arrays)
+        or a dict of lists; one row (a dict of flat lists) is padded alone. padding: True /
+        "longest" (default) | "max_length" (``max_length``, else model_max_length) | False.
+        input_ids are padded with [PAD], token_type_ids with 0, attention_mask with 0 (made
+        first, all ones, unless ``return_attention_mask=False``), special_tokens_mask with 1;
+        other fields (labels) are left as they are. Tensors in gives tensors out of the same
+        kind unless ``return_tensors`` says otherwise."""
+        if isinstance(encoded_inputs, (list, tuple)) and encoded_inputs:
+            if isinstance(encoded_inputs[0], Mapping):
+                keys = list(encoded_inputs[0].keys())
+                for i, row in enumerate(encoded_inputs):
+                    if not isinstance(row, Mapping) or set(row.keys()) != set(keys):
+                        what = list(row) if isinstance(row, Mapping) else type(row).__name__
+                        raise ValueError(f"pad: row {i} has fields {what}, row 0 has {keys}")
+                encoded_inputs = {k: [row[k] for row in encoded_inputs] for k in keys}
+        if not isinstance(encoded_inputs, Mapping):
+            raise TypeError(
+                f"pad takes a list of dicts or a dict of lists, got {type(encoded_inputs).__name__}"
+            )
+        inputs = dict(encoded_inputs)
+        if "input_ids" not in inputs:
+            raise ValueError(f"pad needs input_ids among the fields, got {list(inputs)}")
+        side = self.padding_side if padding_side is None else check_side(padding_side)
+        return_tensors = check_tensor_type(return_tensors)
+        ids = inputs["input_ids"]
+        if ids is None or len(ids) == 0:
+            if return_attention_mask:
+                inputs["attention_mask"] = []
+            return BatchEncoding(inputs)
+        if return_attention_mask is None:
+            return_attention_mask = "attention_mask" in self.model_input_names
+        first = next((row[0] for row in ids if _is_row(row) and len(row)), ids[0])
+        if isinstance(first, torch.Tensor):
+            return_tensors = return_tensors or "pt"
+        elif isinstance(first, np.ndarray) or (isinstance(first, np.generic)):
+            return_tensors = return_tensors or "np"
+        inputs = {k: to_python(v) for k, v in inputs.items()}
+        kind, length = self._padding_plan(padding, None, max_length, pad_to_multiple_of, verbose)
+        ids = inputs["input_ids"]
+        single = not _is_row(ids[0])
+        rows = {k: [v] for k, v in inputs.items()} if single else inputs
+        sizes = {k: len(v) for k, v in rows.items()}
+        if len(set(sizes.values())) > 1:
+            raise ValueError(f"pad: the fields hold different numbers of rows: {sizes}")
+        if kind == "longest":
+            length = max(len(row) for row in rows["input_ids"])
+        elif kind is None:
+            length = None
+        out = pad_rows(
+            rows, length, pad_to_multiple_of, side, self.pad_token_id, return_attention_mask
+        )
+        if single:
+            out = {k: v[0] for k, v in out.items()}
+        return BatchEncoding(out, tensor_type=return_tensors)
 
     # ----------------------------------------------------------------------------- __call__
     def __call__(
         self,
-        text: str | list[str],
-        text_pair: str | list[str] | None = None,
-        *,
+        text: str | list[str] | list[list[str]] | None = None,
+        text_pair: str | list[str] | list[list[str]] | None = None,
+        text_target: Any = None,
+        text_pair_target: Any = None,
         add_special_tokens: bool = True,
         padding: bool | str = False,
         truncation: bool | str | None = None,
         max_length: int | None = None,
         stride: int = 0,
-        pad_to_multiple_of: int | None = None,
-        return_overflowing_tokens: bool = False,
-        return_offsets_mapping: bool = False,
-        return_special_tokens_mask: bool = False,
-        return_token_type_ids: bool = True,
-        return_attention_mask: bool = True,
-        return_length: bool = False,
-        return_tensors: str | None = None,
         is_split_into_words: bool = False,
+        pad_to_multiple_of: int | None = None,
+        padding_side: str | None = None,
+        return_tensors: str | None = None,
+        return_token_type_ids: bool | None = None,
+        return_attention_mask: bool | None = None,
+        return_overflowing_tokens: bool = False,
+        return_special_tokens_mask: bool = False,
+        return_offsets_mapping: bool = False,
+        return_length: bool = False,
+        verbose: bool = True,
+        tokenizer_kwargs: dict[str, Any] | None = None,
+        **kwargs: Any,
     ) -> BatchEncoding:
         """Encode one text or a batch (and their pairs), as transformers' tokenizers do.
 
         padding: False | "longest" (True) | "max_length";  truncation: False | "longest_first"
         (True) | "only_first" | "only_second" (None: longest_first when max_length is given
-        without padding, as transformers does);  max_length defaults to model_max_length.
+        with padding=False, as transformers does);  max_length defaults to model_max_length.
+        padding_side: "right" | "left" (default: the tokenizer's ``padding_side``).
+        return_tensors: None (lists) | "pt" | "np" (int64 arrays).
         With ``return_overflowing_tokens``, a text too long for ``max_length`` gives several
         windows that overlap by ``stride`` tokens, and ``overflow_to_sample_mapping`` names the
         example each window came from (what SQuAD's document stride needs).
         ``is_split_into_words``: each text is a list of words (a batch, a list of such lists),
         each word tokenized on its own; ``word_ids()`` then index those words (for tagging).
+        ``split_special_tokens=True`` tokenizes "[SEP]" in the text as text.
+        ``tokenizer_kwargs``: more of these keywords, as a dict (they win over the others).
+
+        Every keyword of transformers' ``__call__`` is accepted; ``text_target`` and
+        ``text_pair_target`` (labels for sequence-to-sequence models) raise a TypeError. Unlike
+        transformers, which passes unknown keywords on and ignores them, an unknown keyword (a
+        typo) is a TypeError naming it and the supported set.
         """
+        if tokenizer_kwargs is not None or kwargs.keys() - {"split_special_tokens"}:
+            here = locals()
+            options = {name: here[name] for name in CALL_OPTIONS}
+            merged = {**options, **(tokenizer_kwargs or {}), **kwargs}
+            merged.pop("max_target_length", None)  # (only read with text_target)
+            unknown = sorted(merged.keys() - {*CALL_OPTIONS, "split_special_tokens"})
+            if unknown:
+                raise TypeError(
+                    f"unknown keyword {', '.join(unknown)} for the tokenizer; supported: "
+                    f"{', '.join((*CALL_OPTIONS, *EXTRA_CALL_OPTIONS))}"
+                )
+            return self(text, text_pair, text_target, text_pair_target, **merged)
+        for name, value in (("text_target", text_target), ("text_pair_target", text_pair_target)):
+            if value is not None:
+                raise TypeError(
+                    f"{name} is not supported by bertlab's tokenizer (BERT has no "
+                    f"sequence-to-sequence labels); supported: {', '.join(CALL_OPTIONS)}"
+                )
+        split_special = kwargs.get("split_special_tokens", self.split_special_tokens)
         if is_split_into_words:
             single = bool(text) and all(isinstance(w, str) for w in text)
             texts = _as_word_lists(text, "text")
@@ -357,26 +801,38 @@ class BertTokenizer:
             raise TypeError("text and text_pair must both be a str or both be a list of str")
         if pairs is not None and len(pairs) != len(texts):
             raise ValueError(f"{len(texts)} texts but {len(pairs)} text pairs")
-        if padding not in PADDING:
-            raise ValueError(f"padding {padding!r} is not one of {list(PADDING)}")
         if truncation is None:
-            truncation = max_length is not None and PADDING.get(padding, 0) is None
+            truncation = max_length is not None and padding is False
         if truncation not in TRUNCATION:
             raise ValueError(f"truncation {truncation!r} is not one of {list(TRUNCATION)}")
-        if return_tensors not in (None, "pt"):
-            raise ValueError(f"return_tensors {return_tensors!r}: only 'pt' or None")
-        pad, trunc = PADDING[padding], TRUNCATION[truncation]
-        if return_overflowing_tokens and trunc is None:
-            trunc = "longest_first"
-        limit = self.model_max_length if max_length is None else max_length
+        return_tensors = check_tensor_type(return_tensors)
+        side = self.padding_side if padding_side is None else check_side(padding_side)
+        trunc = TRUNCATION[truncation]
+        pad, pad_length = self._padding_plan(
+            padding, TRUNCATION[truncation], max_length, pad_to_multiple_of, verbose
+        )
+        limit = max_length
+        if trunc is not None and limit is None:
+            if self.model_max_length >= NO_LIMIT:
+                if verbose:
+                    warnings.warn(
+                        f"truncation={truncation!r} without max_length, and this tokenizer has no "
+                        "model_max_length: nothing is truncated (as in transformers); pass "
+                        "max_length",
+                        stacklevel=2,
+                    )
+                trunc = None
+            else:
+                limit = self.model_max_length
         if trunc is not None and not is_split_into_words:
             self._check_window(
                 texts, pairs, trunc, limit, stride, add_special_tokens, return_overflowing_tokens
             )
-        if pad == "max_length" and max_length is None:
-            limit = self.model_max_length
 
-        self._configure(trunc and (limit, trunc, stride), pad and (pad, limit), pad_to_multiple_of)
+        self._configure(
+            trunc and (limit, trunc, stride), pad and (pad, pad_length, side), pad_to_multiple_of
+        )
+        self._tok.encode_special_tokens = bool(split_special)
         inputs = texts if pairs is None else list(zip(texts, pairs, strict=True))
         if (
             is_split_into_words
@@ -403,9 +859,9 @@ class BertTokenizer:
         if self._unk_above is not None:
             top, unk = self._unk_above, self.unk_token_id
             data["input_ids"] = [[unk if i >= top else i for i in ids] for ids in data["input_ids"]]
-        if return_token_type_ids:
+        if return_token_type_ids is not False:  # (None: BERT's inputs hold them)
             data["token_type_ids"] = [e.type_ids for e in windows]
-        if return_attention_mask:
+        if return_attention_mask is not False:
             data["attention_mask"] = [e.attention_mask for e in windows]
         if return_special_tokens_mask:
             data["special_tokens_mask"] = [e.special_tokens_mask for e in windows]
@@ -415,26 +871,69 @@ class BertTokenizer:
             data["length"] = [len(e.ids) for e in windows]
         if return_overflowing_tokens:
             data["overflow_to_sample_mapping"] = sample
-        if return_tensors == "pt":
-            data = {k: torch.tensor(v) for k, v in data.items()}
-        elif single and not return_overflowing_tokens:  # transformers keeps "length" a list
-            data = {k: (v if k == "length" else v[0]) for k, v in data.items()}
-        return BatchEncoding(data, windows)
+        if limit is None and verbose and not self._warned_long:
+            longest = max((len(ids) for ids in data["input_ids"]), default=0)
+            if longest > self.model_max_length:
+                self._warned_long = True
+                logger.warning(
+                    "Token indices sequence length is longer than the specified maximum sequence "
+                    f"length for this model ({longest} > {self.model_max_length}). Running this "
+                    "sequence through the model will result in indexing errors"
+                )
+        if return_tensors is None and single and not return_overflowing_tokens:
+            data = {k: (v if k == "length" else v[0]) for k, v in data.items()}  # ("length" as in
+            # transformers: a list)
+        return BatchEncoding(data, windows, tensor_type=return_tensors)
 
     # ----------------------------------------------------------------------------- helpers
+    def _padding_plan(
+        self,
+        padding: Any,
+        trunc: str | None,
+        max_length: int | None,
+        multiple: int | None,
+        verbose: bool,
+    ) -> tuple[str | None, int | None]:
+        """(None | "longest" | "max_length", the length for "max_length"), as transformers
+        decides them: "max_length" without max_length pads to model_max_length, and not at all
+        when there is none."""
+        if padding not in PADDING:
+            raise ValueError(f"padding {padding!r} is not one of {list(PADDING)}")
+        if multiple is not None and (not isinstance(multiple, int) or multiple <= 0):
+            raise ValueError(f"pad_to_multiple_of must be a positive integer, got {multiple!r}")
+        kind = PADDING[padding]
+        if padding is True and max_length is not None and trunc is None and verbose:
+            warnings.warn(MAX_LENGTH_IGNORED, stacklevel=3)
+        if kind == "max_length" and max_length is None:
+            if self.model_max_length >= NO_LIMIT:
+                return None, None
+            max_length = self.model_max_length
+        limit = max_length if max_length is not None else self.model_max_length
+        if trunc and kind and multiple and limit < NO_LIMIT and limit % multiple:
+            raise ValueError(
+                f"truncation to {limit} tokens and padding to a multiple of {multiple} cannot "
+                "both hold: make max_length a multiple of pad_to_multiple_of"
+            )
+        return kind, max_length if kind == "max_length" else None
+
     def _configure(self, trunc: tuple | None, pad: tuple | None, multiple: int | None) -> None:
         """Set the engine's truncation and padding for one call (both off when None)."""
+        self._tok.encode_special_tokens = self.split_special_tokens
         if trunc is None:
             self._tok.no_truncation()
         else:
             limit, strategy, stride = trunc
-            self._tok.enable_truncation(limit, stride=stride, strategy=strategy)
+            self._tok.enable_truncation(
+                limit, stride=stride, strategy=strategy, direction=self.truncation_side
+            )
         if pad is None:
             self._tok.no_padding()
         else:
-            kind, limit = pad
+            kind, limit, side = pad
             self._tok.enable_padding(
+                direction=side,
                 pad_id=self.pad_token_id,
+                pad_type_id=self.pad_token_type_id,
                 pad_token=self.pad_token,
                 length=limit if kind == "max_length" else None,
                 pad_to_multiple_of=multiple,
@@ -485,6 +984,46 @@ class BertTokenizer:
                     f"tokens){f' for stride {stride}' if overflow else ''}; shorten it or raise "
                     "max_length"
                 )
+
+
+def _is_row(value: Any) -> bool:
+    return isinstance(value, (list, tuple, torch.Tensor, np.ndarray)) and (
+        not isinstance(value, (torch.Tensor, np.ndarray)) or value.ndim > 0
+    )
+
+
+def _added_token(entry: Mapping[str, Any]) -> AddedToken:
+    """An AddedToken from a saved entry (tokenizer.json's spelling)."""
+    special = bool(entry.get("special", False))
+    return AddedToken(
+        entry["content"],
+        single_word=bool(entry.get("single_word", False)),
+        lstrip=bool(entry.get("lstrip", False)),
+        rstrip=bool(entry.get("rstrip", False)),
+        normalized=bool(entry.get("normalized", not special)),
+        special=special,
+    )
+
+
+def _saved_added(d: Path, cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The added tokens a folder holds, as tokenizer.json entries: from tokenizer.json, else
+    tokenizer_config.json's ``added_tokens_decoder``, else added_tokens.json (whose tokens are
+    special when special_tokens_map.json lists them)."""
+    if (d / "tokenizer.json").is_file():
+        data = json.loads((d / "tokenizer.json").read_text(encoding="utf-8"))
+        return [dict(entry) for entry in data.get("added_tokens") or ()]
+    if isinstance(cfg.get("added_tokens_decoder"), dict):
+        return [{**v, "id": int(k)} for k, v in cfg["added_tokens_decoder"].items()]
+    if (d / "added_tokens.json").is_file():
+        added = json.loads((d / "added_tokens.json").read_text(encoding="utf-8"))
+        special: set[str] = set()
+        if (d / "special_tokens_map.json").is_file():
+            listed = json.loads((d / "special_tokens_map.json").read_text(encoding="utf-8"))
+            for value in listed.values():
+                for t in value if isinstance(value, list) else [value]:
+                    special.add(t["content"] if isinstance(t, dict) else t)
+        return [{"id": i, "content": t, "special": t in special} for t, i in added.items()]
+    return []
 
 
 def _check_text(text: Any, name: str) -> None:

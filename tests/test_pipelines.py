@@ -136,7 +136,7 @@ def test_fill_mask_top_k(tmp_path):
     with torch.no_grad():
         p = ref(**enc).logits[0, pos].softmax(-1)
     top = p.topk(4)
-    assert [g["id"] for g in got] == top.indices.tolist()
+    assert [g["token"] for g in got] == top.indices.tolist()
     assert max(abs(g["score"] - float(v)) for g, v in zip(got, top.values, strict=True)) < 1e-5
     assert got[0]["sequence"].startswith("paris is the ")
     two = pipeline("fill-mask", str(folder))("[MASK] is the [MASK] of France.", top_k=2)
