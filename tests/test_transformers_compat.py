@@ -24,7 +24,6 @@ import json
 import random
 import re
 import shutil
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,6 +82,24 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 tok = AutoTokenizer.from_pretrained(CLS_MODEL)
 model = AutoModelForSequenceClassification.from_pretrained(CLS_MODEL)
 model.eval()
+""",
+    "ner": """
+import torch
+from transformers import AutoModelForTokenClassification, AutoTokenizer
+tok = AutoTokenizer.from_pretrained(NER_MODEL)
+model = AutoModelForTokenClassification.from_pretrained(NER_MODEL)
+""",
+    "qa": """
+import torch
+from transformers import AutoModelForQuestionAnswering, AutoTokenizer
+tok = AutoTokenizer.from_pretrained(QA_MODEL)
+model = AutoModelForQuestionAnswering.from_pretrained(QA_MODEL)
+""",
+    "mlm": """
+import torch
+from transformers import AutoModelForMaskedLM, AutoTokenizer
+tok = AutoTokenizer.from_pretrained(MLM_MODEL)
+model = AutoModelForMaskedLM.from_pretrained(MLM_MODEL)
 """,
 }
 
@@ -600,10 +617,6 @@ for name, kwargs in (("default", {}), ("sdpa", {"attn_implementation": "sdpa"}))
         "Model outputs",
         "token classification logits and loss with `-100` labels",
         """
-import torch
-from transformers import AutoModelForTokenClassification, AutoTokenizer
-tok = AutoTokenizer.from_pretrained(NER_MODEL)
-model = AutoModelForTokenClassification.from_pretrained(NER_MODEL)
 enc = tok(["John lives in Paris", "Hi"], padding=True, return_tensors="pt")
 labels = torch.where(enc["attention_mask"].bool(), 0, -100)
 labels[0, 1] = 1
@@ -611,31 +624,25 @@ with torch.no_grad():
     out = model(**enc, labels=labels)
 result = [out.loss, out.logits[enc["attention_mask"].bool()], type(out).__name__]
 """,
+        setup="ner",
     ),
     Snippet(
         "out-qa",
         "Model outputs",
         "question answering: `start_logits`, `end_logits`, loss with positions",
         """
-import torch
-from transformers import AutoModelForQuestionAnswering, AutoTokenizer
-tok = AutoTokenizer.from_pretrained(QA_MODEL)
-model = AutoModelForQuestionAnswering.from_pretrained(QA_MODEL)
 enc = tok("Where is the cat?", "The cat sat on the mat.", return_tensors="pt")
 with torch.no_grad():
     out = model(**enc, start_positions=torch.tensor([10]), end_positions=torch.tensor([11]))
 result = [out.loss, out.start_logits, out.end_logits, list(out.keys())]
 """,
+        setup="qa",
     ),
     Snippet(
         "out-mlm",
         "Model outputs",
         "masked LM: logits at `[MASK]` and loss with `-100` labels",
         """
-import torch
-from transformers import AutoModelForMaskedLM, AutoTokenizer
-tok = AutoTokenizer.from_pretrained(MLM_MODEL)
-model = AutoModelForMaskedLM.from_pretrained(MLM_MODEL)
 enc = tok("The capital of France is [MASK].", return_tensors="pt")
 labels = torch.full_like(enc["input_ids"], -100)
 labels[0, 6] = tok.convert_tokens_to_ids("paris")
@@ -644,6 +651,7 @@ with torch.no_grad():
 pos = (enc["input_ids"] == tok.mask_token_id).nonzero()[0, 1]
 result = [out.loss, out.logits[0, pos], out.logits.shape]
 """,
+        setup="mlm",
     ),
     # ------------------------------------------------------------ Model helpers
     Snippet(
@@ -672,12 +680,10 @@ result = [model.num_parameters(), model.num_parameters(only_trainable=True),
         "Model helpers",
         "`get_input_embeddings().weight.shape`, `get_output_embeddings()` tied",
         """
-from transformers import AutoModel, AutoModelForMaskedLM
-base = AutoModel.from_pretrained(MODEL)
-mlm = AutoModelForMaskedLM.from_pretrained(MLM_MODEL)
-result = [base.get_input_embeddings().weight.shape, base.get_input_embeddings().weight,
-          mlm.get_output_embeddings().weight is mlm.get_input_embeddings().weight]
+emb = model.get_input_embeddings()
+result = [emb.weight.shape, emb.weight, model.get_output_embeddings().weight is emb.weight]
 """,
+        setup="mlm",
     ),
     Snippet(
         "helper-resize",
@@ -718,9 +724,9 @@ result = [first, a, b, c, model.training, all(m.training for m in model.modules(
         """
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
-tok = AutoTokenizer.from_pretrained(CLS_MODEL)
+tok = AutoTokenizer.from_pretrained(TINY_CLS_MODEL)
 model = AutoModelForSequenceClassification.from_pretrained(
-    CLS_MODEL, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    TINY_CLS_MODEL, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 model.gradient_checkpointing_enable()
 model.train()
 enc = tok(["a gorgeous, witty film", "a dull mess"], padding=True, return_tensors="pt")
@@ -735,11 +741,10 @@ result = [model.is_gradient_checkpointing, out.loss, model.classifier.weight.gra
         "Model helpers",
         "`state_dict()` keys and `named_parameters()` names",
         """
-from transformers import AutoModelForSequenceClassification
-model = AutoModelForSequenceClassification.from_pretrained(CLS_MODEL)
 keys = [k for k in model.state_dict() if not k.endswith("position_ids")]
 result = [sorted(keys), sorted(n for n, _ in model.named_parameters())]
 """,
+        setup="cls",
     ),
     # ------------------------------------------------------------------ Loading
     Snippet(
@@ -900,12 +905,13 @@ result = [extract("Hello world"), extract(["Hi", "The cat sat"])]
     Snippet(
         "pipe-fill-mask",
         "Pipelines",
-        '`pipeline("fill-mask")`, `top_k=3`',
+        '`pipeline("fill-mask", model=model, tokenizer=tok)`, `top_k=3`',
         """
 from transformers import pipeline
-fill = pipeline("fill-mask", model=MLM_MODEL)
+fill = pipeline("fill-mask", model=model, tokenizer=tok)
 result = [fill("The capital of France is [MASK]."), fill("Hello [MASK]!", top_k=3)]
 """,
+        setup="mlm",
     ),
     Snippet(
         "pipe-text-classification",
@@ -933,12 +939,13 @@ result = clf(["I love it", "I hate it"])
     Snippet(
         "pipe-ner-none",
         "Pipelines",
-        '`pipeline("ner")` without aggregation: one entry per token',
+        '`pipeline("ner", model=model, tokenizer=tok)`: one entry per token',
         """
 from transformers import pipeline
-ner = pipeline("ner", model=NER_MODEL)
+ner = pipeline("ner", model=model, tokenizer=tok)
 result = ner("John Smith lives in New York.")
 """,
+        setup="ner",
     ),
     Snippet(
         "pipe-qa",
@@ -972,9 +979,9 @@ result = [zs("The match went to extra time.", candidate_labels=["sports", "polit
         """
 from transformers import Trainer, TrainingArguments, DataCollatorWithPadding
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
-tok = AutoTokenizer.from_pretrained(CLS_MODEL)
+tok = AutoTokenizer.from_pretrained(TINY_CLS_MODEL)
 model = AutoModelForSequenceClassification.from_pretrained(
-    CLS_MODEL, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    TINY_CLS_MODEL, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 texts = ["a gorgeous film", "a dull, dull mess", "fine", "I loved every minute of it"]
 train = [dict(tok(t), labels=i % 2) for i, t in enumerate(texts)]
 args = TrainingArguments(OUT, per_device_train_batch_size=2, max_steps=2, logging_steps=1,
@@ -994,13 +1001,13 @@ result = [[h["loss"] for h in trainer.state.log_history if "loss" in h],
         """
 from transformers import Trainer, TrainingArguments
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
-tok = AutoTokenizer.from_pretrained(CLS_MODEL)
+tok = AutoTokenizer.from_pretrained(TINY_CLS_MODEL)
 texts = ["a good film", "a bad film", "a fine film", "a dull film"]  # 5 tokens each
 train = [dict(tok(t), labels=i % 2) for i, t in enumerate(texts)]
 result = {}
 for name, batch, steps in (("whole", 4, 1), ("accumulated", 2, 2)):
     model = AutoModelForSequenceClassification.from_pretrained(
-        CLS_MODEL, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+        TINY_CLS_MODEL, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     before = model.classifier.weight.detach().clone()
     args = TrainingArguments(OUT, per_device_train_batch_size=batch, max_steps=1,
                              gradient_accumulation_steps=steps, optim="sgd", learning_rate=0.1,
@@ -1020,7 +1027,7 @@ for name, batch, steps in (("whole", 4, 1), ("accumulated", 2, 2)):
         """
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForSequenceClassification
-model = AutoModelForSequenceClassification.from_pretrained(CLS_MODEL)
+model = AutoModelForSequenceClassification.from_pretrained(TINY_CLS_MODEL)
 peft_model = get_peft_model(model, LoraConfig(task_type="SEQ_CLS", r=8, lora_alpha=16,
                                               target_modules=["query", "value"]))
 trainable, total = peft_model.get_nb_trainable_parameters()
@@ -1081,6 +1088,8 @@ result = ner("John Smith lives in New York and works for Acme Corporation.")
 
 
 # ------------------------------------------------------------------ the two runs
+# Calls that change a shared model or tokenizer (not allowed in a snippet with a setup).
+MUTATES = re.compile(r"\b(model|tok)\.(train|add_\w+|resize_\w+|save_pretrained)\(")
 IMPORT_LINE = re.compile(r"^(\s*)from transformers import (.+)$")
 
 
@@ -1130,6 +1139,7 @@ def folders(tmp_path_factory):
     """Model folders on the bundled backbone, heads drawn under a fixed seed and saved, so
     both libraries load identical weights."""
     from bertlab import (
+        BertConfig,
         BertForMaskedLM,
         BertForQuestionAnswering,
         BertForSequenceClassification,
@@ -1152,10 +1162,27 @@ def folders(tmp_path_factory):
         ),
     }
     paths = {"MODEL": str(backbone)}
+    # A small classifier on the bundled vocabulary, for the training snippets: the same code
+    # paths as the full model at a fraction of the time.
+    seed_all(10)
+    tiny = BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        id2label={0: "NEGATIVE", 1: "POSITIVE"},
+        label2id={"NEGATIVE": 0, "POSITIVE": 1},
+    )
+    heads["TINY_CLS_MODEL"] = (BertForSequenceClassification, {"config": tiny})
     for i, (name, (cls, kwargs)) in enumerate(heads.items()):
         seed_all(i)
-        model = cls.from_pretrained(backbone, **kwargs)
-        if kwargs:
+        if "config" in kwargs:
+            model = cls(kwargs["config"])
+        else:
+            model = cls.from_pretrained(backbone, **kwargs)
+        if "id2label" in kwargs:
             model.config.label2id = {v: k for k, v in kwargs["id2label"].items()}
         with torch.no_grad():  # heads' biases start at zero: draw them too
             for n, p in model.named_parameters():
@@ -1285,6 +1312,8 @@ def test_snippet_list_is_complete_and_well_formed():
         code = (SETUPS[s.setup] if s.setup else s.code).lstrip()
         assert code.startswith(("from ", "import ")), s.id
         assert "from transformers import" in (SETUPS.get(s.setup, "") + s.code), s.id
+        if s.setup is not None:  # shared objects are read, never changed
+            assert not MUTATES.search(s.code), s.id
         assert (s.difference is None) == (s.check is None), s.id
         assert (s.pending is not None) == (s in PENDING), s.id
         assert "|" not in s.what and "\n" not in s.what, s.id  # one table cell
@@ -1348,7 +1377,6 @@ def test_snippet_runs_unchanged_with_the_same_result(snippet, runner):
 def load_table_script():
     spec = importlib.util.spec_from_file_location("compat_table", ROOT / "scripts/compat_table.py")
     module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("compat_table", module)
     spec.loader.exec_module(module)
     return module
 
@@ -1356,10 +1384,16 @@ def load_table_script():
 def test_readme_table_is_generated_from_the_snippets():
     script = load_table_script()
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert script.readme_table(readme) == script.table(SNIPPETS), (
-        "README's compat table is stale: run python scripts/compat_table.py --write"
+    generated = script.table(SECTIONS, SNIPPETS, PENDING)
+    assert script.readme_table(readme) == generated, (
+        "README.md's compat table is stale: run python scripts/compat_table.py --write"
     )
-    assert f"{len(SNIPPETS)} snippets" in readme
+    # The paragraph above the table gives the number of snippets run.
+    words = " ".join(readme.split())
+    assert f"{len(SNIPPETS)} snippets, each run with transformers and with bertlab" in words
+    rows = generated.splitlines()[2:]
+    assert len(rows) == len(SNIPPETS) + len(PENDING)
+    assert sum("same result" in r for r in rows) == sum(s.difference is None for s in SNIPPETS)
 
 
 def test_config_json_of_saved_heads_is_valid(folders):
