@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import bertlab
-from bertlab.pipelines import TASKS, _device
+from bertlab.pipeline_tasks import TASKS
+from bertlab.pipelines import _device
 
 transformers = pytest.importorskip("transformers", reason="transformers is the reference here")
 BUNDLED = bertlab.bundled_model_dir()
