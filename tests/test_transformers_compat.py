@@ -709,7 +709,7 @@ result = [type(emb).__name__, w.shape, model.config.vocab_size, w[:30522], shape
         "`model.eval()` / `model.train()` return the model and set `training`",
         """
 from transformers import AutoModel
-model = AutoModel.from_pretrained(MODEL)
+model = AutoModel.from_pretrained(TINY_CLS_MODEL)
 first = model.training
 a = model.eval() is model
 b = model.training
@@ -835,7 +835,7 @@ result = [model.config.id2label, model.config.label2id,
         """
 import json, os
 from transformers import AutoModel
-model = AutoModel.from_pretrained(MODEL, cache_dir=OUT + "/cache", revision="main",
+model = AutoModel.from_pretrained(TINY_CLS_MODEL, cache_dir=OUT + "/cache", revision="main",
                                   local_files_only=True)
 model.save_pretrained(OUT + "/saved")
 saved = json.load(open(os.path.join(OUT, "saved", "config.json")))
@@ -847,10 +847,7 @@ result = [k in saved for k in ("cache_dir", "revision", "local_files_only")]
         "Loading",
         "`save_pretrained` then `from_pretrained`: same files, same logits",
         """
-import os, torch
-from transformers import AutoModelForSequenceClassification, AutoTokenizer
-tok = AutoTokenizer.from_pretrained(CLS_MODEL)
-model = AutoModelForSequenceClassification.from_pretrained(CLS_MODEL)
+import os
 model.save_pretrained(OUT)
 again = AutoModelForSequenceClassification.from_pretrained(OUT)
 enc = tok("a gorgeous film", return_tensors="pt")
@@ -858,6 +855,7 @@ with torch.no_grad():
     a, b = model(**enc).logits, again(**enc).logits
 result = [sorted(os.listdir(OUT)), bool(torch.equal(a, b)), again.config.id2label, b]
 """,
+        setup="cls",
     ),
     Snippet(
         "load-auto-classes",
@@ -929,12 +927,11 @@ result = [clf("a gorgeous, witty film"), clf(["a dull mess", "fine"]),
         "Pipelines",
         '`pipeline("sentiment-analysis", model=..., tokenizer=...)` with objects',
         """
-from transformers import AutoModelForSequenceClassification, AutoTokenizer, pipeline
-model = AutoModelForSequenceClassification.from_pretrained(CLS_MODEL)
-tok = AutoTokenizer.from_pretrained(CLS_MODEL)
+from transformers import pipeline
 clf = pipeline("sentiment-analysis", model=model, tokenizer=tok)
 result = clf(["I love it", "I hate it"])
 """,
+        setup="cls",
     ),
     Snippet(
         "pipe-ner-none",
@@ -1089,7 +1086,7 @@ result = ner("John Smith lives in New York and works for Acme Corporation.")
 
 # ------------------------------------------------------------------ the two runs
 # Calls that change a shared model or tokenizer (not allowed in a snippet with a setup).
-MUTATES = re.compile(r"\b(model|tok)\.(train|add_\w+|resize_\w+|save_pretrained)\(")
+MUTATES = re.compile(r"\b(model|tok)\.(train|add_\w+|resize_\w+|to|half|float)\(")
 IMPORT_LINE = re.compile(r"^(\s*)from transformers import (.+)$")
 
 
@@ -1144,27 +1141,25 @@ def folders(tmp_path_factory):
         BertForQuestionAnswering,
         BertForSequenceClassification,
         BertForTokenClassification,
+        BertModel,
     )
 
     backbone = bertlab.bundled_model_dir()
     root = tmp_path_factory.mktemp("compat-models")
+    base = BertModel.from_pretrained(backbone)  # read once, copied into every head below
     heads = {
-        "CLS_MODEL": (BertForSequenceClassification, {"id2label": {0: "NEGATIVE", 1: "POSITIVE"}}),
+        "CLS_MODEL": (BertForSequenceClassification, ["NEGATIVE", "POSITIVE"]),
         "NER_MODEL": (
             BertForTokenClassification,
-            {"id2label": dict(enumerate(["O", "B-PER", "I-PER", "B-LOC", "I-LOC", "B-ORG"]))},
+            ["O", "B-PER", "I-PER", "B-LOC", "I-LOC", "B-ORG"],
         ),
-        "QA_MODEL": (BertForQuestionAnswering, {}),
-        "MLM_MODEL": (BertForMaskedLM, {}),
-        "NLI_MODEL": (
-            BertForSequenceClassification,
-            {"id2label": {0: "entailment", 1: "neutral", 2: "contradiction"}},
-        ),
+        "QA_MODEL": (BertForQuestionAnswering, None),
+        "MLM_MODEL": (BertForMaskedLM, None),
+        "NLI_MODEL": (BertForSequenceClassification, ["entailment", "neutral", "contradiction"]),
+        "TINY_CLS_MODEL": (BertForSequenceClassification, ["NEGATIVE", "POSITIVE"]),
     }
-    paths = {"MODEL": str(backbone)}
     # A small classifier on the bundled vocabulary, for the training snippets: the same code
     # paths as the full model at a fraction of the time.
-    seed_all(10)
     tiny = BertConfig(
         vocab_size=30522,
         hidden_size=32,
@@ -1172,18 +1167,18 @@ def folders(tmp_path_factory):
         num_attention_heads=2,
         intermediate_size=64,
         max_position_embeddings=64,
-        id2label={0: "NEGATIVE", 1: "POSITIVE"},
-        label2id={"NEGATIVE": 0, "POSITIVE": 1},
     )
-    heads["TINY_CLS_MODEL"] = (BertForSequenceClassification, {"config": tiny})
-    for i, (name, (cls, kwargs)) in enumerate(heads.items()):
+    paths = {"MODEL": str(backbone)}
+    for i, (name, (cls, labels)) in enumerate(heads.items()):
         seed_all(i)
-        if "config" in kwargs:
-            model = cls(kwargs["config"])
-        else:
-            model = cls.from_pretrained(backbone, **kwargs)
-        if "id2label" in kwargs:
-            model.config.label2id = {v: k for k, v in kwargs["id2label"].items()}
+        config = tiny.replace() if name.startswith("TINY") else base.config.replace()
+        if labels is not None:
+            config.id2label = dict(enumerate(labels))
+            config.label2id = {label: k for k, label in enumerate(labels)}
+        model = cls(config)
+        if not name.startswith("TINY"):
+            missing, unexpected = model.bert.load_state_dict(base.state_dict(), strict=False)
+            assert not missing and all(k.startswith("pooler.") for k in unexpected), name
         with torch.no_grad():  # heads' biases start at zero: draw them too
             for n, p in model.named_parameters():
                 if n.endswith("bias") and not n.startswith("bert."):
