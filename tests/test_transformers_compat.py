@@ -6,7 +6,8 @@ runs it twice with ``exec``: as written, and with ``from transformers import ...
 the data collators are transformers' and stay imported from transformers in both runs). Each
 snippet leaves its answer in ``result``; the two answers are compared by one recursive
 comparison (``differences``). A snippet with a ``difference`` shows a deliberate difference
-instead, and its ``check`` asserts that difference explicitly.
+instead, and its ``check`` asserts that difference explicitly. ``PENDING`` holds the snippets
+that do not give the same result yet: they are not run, and each says what differs.
 
 The README's "Coming from transformers" table is generated from ``SNIPPETS`` by
 ``scripts/compat_table.py``, and ``test_readme_table_is_generated_from_the_snippets`` keeps the
@@ -42,7 +43,9 @@ ATOL = 1e-4
 class Snippet:
     """One piece of transformers user code. ``setup`` names an entry of ``SETUPS`` run before
     the code (its objects shared, read-only, by the snippets that name it); ``difference`` is
-    the one-line deliberate difference the snippet shows, asserted by ``check(hf, bl)``."""
+    the one-line deliberate difference the snippet shows, asserted by ``check(hf, bl)``
+    (``hf`` is the exception when the transformers run raises); ``pending`` says what still
+    differs, for the snippets in ``PENDING``. ``what`` is the snippet's cell in the README."""
 
     id: str
     section: str
