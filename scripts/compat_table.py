@@ -2,8 +2,8 @@
 tests/test_transformers_compat.py runs with transformers and with bertlab.
 
     python scripts/compat_table.py            # print the table
-    python scripts/compat_table.py --check    # exit 1 if README.md's table differs
-    python scripts/compat_table.py --write    # write the table into README.md
+    python scripts/compat_table.py --check    # exit 1 if README.md's table or count differs
+    python scripts/compat_table.py --write    # write the table and the count into README.md
 
 The table sits in README.md between the marker comments below. A row says "same result" only
 for a snippet whose two results the test compares equal; a deliberate difference or a snippet
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
@@ -22,6 +23,7 @@ README = ROOT / "README.md"
 TESTS = ROOT / "tests" / "test_transformers_compat.py"
 START = "<!-- compat-table:start -->"
 END = "<!-- compat-table:end -->"
+COUNT = re.compile(r"\b\d+ snippets, each run")
 
 
 def load_snippets():
@@ -64,10 +66,15 @@ def readme_table(text: str) -> str:
     return text.split(START, 1)[1].split(END, 1)[0].strip("\n")
 
 
-def with_table(text: str, generated: str) -> str:
+def with_table(text: str, generated: str, count: int) -> str:
+    """``text`` with ``generated`` between the markers and the paragraph's count of snippets
+    ("N snippets, each run") set to ``count``."""
     readme_table(text)  # checks the markers
     head, rest = text.split(START, 1)
     tail = rest.split(END, 1)[1]
+    head, n = COUNT.subn(f"{count} snippets, each run", head)
+    if n != 1:
+        raise ValueError("README.md's paragraph before the table must say 'N snippets, each run'")
     return f"{head}{START}\n{generated}\n{END}{tail}"
 
 
@@ -81,13 +88,13 @@ def main(argv: list[str] | None = None) -> int:
     generated = table(sections, snippets, pending)
     text = README.read_text(encoding="utf-8")
     if args.check:
-        if readme_table(text) != generated:
+        if with_table(text, generated, len(snippets)) != text:
             print("README.md's compat table is stale: run python scripts/compat_table.py --write")
             return 1
         print(f"README.md's compat table matches the {len(snippets)} snippets")
         return 0
     if args.write:
-        README.write_text(with_table(text, generated), encoding="utf-8")
+        README.write_text(with_table(text, generated, len(snippets)), encoding="utf-8")
         print(f"wrote the table of {len(snippets)} snippets into README.md")
         return 0
     print(generated)

@@ -411,6 +411,27 @@ result = [len(tok(long, truncation=True)["input_ids"]),
           tok("hello world", add_special_tokens=False)["input_ids"]]
 """,
     ),
+    Snippet(
+        "tok-encode",
+        "Tokenizer",
+        "`tok.encode(text)`, `tok.encode(a, b, add_special_tokens=False)`",
+        """
+from transformers import AutoTokenizer
+tok = AutoTokenizer.from_pretrained(MODEL)
+result = [tok.encode("Hello world"), tok.encode("a cat", "a mat", add_special_tokens=False)]
+""",
+    ),
+    Snippet(
+        "tok-class",
+        "Tokenizer",
+        "`BertTokenizerFast.from_pretrained(folder)` and `BertTokenizer.from_pretrained(folder)`",
+        """
+from transformers import BertTokenizer, BertTokenizerFast
+fast = BertTokenizerFast.from_pretrained(MODEL)
+slow = BertTokenizer.from_pretrained(MODEL)
+result = [fast("Hello, world!"), slow("Hello, world!"), fast.is_fast, len(slow)]
+""",
+    ),
     # ------------------------------------------------------------------- Config
     Snippet(
         "config-load",
@@ -554,6 +575,20 @@ result = {"class": type(out).__name__, "keys": list(out.keys())}
         setup="base",
         difference="`BaseModelOutputWithPooling`, not `...AndCrossAttentions` (no decoder mode)",
         check=_output_class_has_no_cross_attentions,
+    ),
+    Snippet(
+        "out-positional",
+        "Model outputs",
+        "`model(input_ids, attention_mask)` positionally, and `inputs_embeds=`",
+        """
+mask = enc["attention_mask"].bool()
+with torch.no_grad():
+    a = model(enc["input_ids"], enc["attention_mask"])
+    b = model(inputs_embeds=model.get_input_embeddings()(enc["input_ids"]),
+              attention_mask=enc["attention_mask"])
+result = [a.last_hidden_state[mask], b.last_hidden_state[mask], b.pooler_output]
+""",
+        setup="base",
     ),
     Snippet(
         "out-hidden-states",
