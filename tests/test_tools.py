@@ -39,7 +39,9 @@ SMALL = dict(
 
 
 def collator_tokenizer(folder):
-    """The tokenizer the data collators pad with."""
+    """The tokenizer that transformers' data collators pad with, read from a model folder:
+    transformers' own here, since the collators call the tokenizer's ``pad``. This line is the
+    one place to change to use bertlab.BertTokenizer instead."""
     return transformers.BertTokenizerFast.from_pretrained(folder)
 
 
@@ -172,6 +174,9 @@ def test_trainer_trains_sequence_classification_as_on_transformers_model(tokeniz
     # The Trainer saves a model that is not one of transformers' classes as its weights alone
     # (model.safetensors); the config is written beside them.
     trainer.save_model()
+    if not (tmp_path / "run" / "config.json").is_file():
+        with pytest.raises(FileNotFoundError, match="weights only"):  # says what to do
+            bertlab.AutoModelForSequenceClassification.from_pretrained(tmp_path / "run")
     model.config.save_pretrained(tmp_path / "run")
     reloaded = bertlab.AutoModelForSequenceClassification.from_pretrained(tmp_path / "run")
     assert type(reloaded) is bertlab.BertForSequenceClassification
@@ -221,6 +226,31 @@ def test_trainer_masked_lm_checkpoints_and_resumes(tokenizer, tmp_path):
     assert reloaded.get_output_embeddings().weight is reloaded.get_input_embeddings().weight
     batch = collator_tokenizer(folder).pad(train[:4], return_tensors="pt")
     assert (logits_of(reloaded, batch) - logits_of(ours.model.eval(), batch)).abs().max() < 1e-6
+
+
+@pytest.mark.parametrize("cls_name", ["BertForMaskedLM", "BertForPreTraining"])
+def test_tied_decoder_weight_is_named_once_so_safetensors_saves_the_state_dict(tmp_path, cls_name):
+    from safetensors.torch import load_file, save_file
+
+    torch.manual_seed(0)
+    model = getattr(bertlab, cls_name)(bertlab.BertConfig(**SMALL))
+    state = model.state_dict()
+    assert "cls.predictions.decoder.weight" not in state
+    save_file(state, tmp_path / "weights.safetensors")  # refuses two names for one tensor
+    loaded = load_file(tmp_path / "weights.safetensors")
+    fresh = getattr(bertlab, cls_name)(bertlab.BertConfig(**SMALL))
+    fresh.load_state_dict(loaded)  # strict: nothing missing
+    assert fresh.get_output_embeddings().weight is fresh.get_input_embeddings().weight
+    assert torch.equal(fresh.get_output_embeddings().weight, model.get_input_embeddings().weight)
+    # A state dict that names it (transformers' models do) loads as well.
+    named = {**loaded, "cls.predictions.decoder.weight": loaded[_EMBEDDINGS]}
+    getattr(bertlab, cls_name)(bertlab.BertConfig(**SMALL)).load_state_dict(named)
+    # Untied, the decoder is a weight of its own and keeps its name.
+    untied = getattr(bertlab, cls_name)(bertlab.BertConfig(**SMALL, tie_word_embeddings=False))
+    assert "cls.predictions.decoder.weight" in untied.state_dict()
+
+
+_EMBEDDINGS = "bert.embeddings.word_embeddings.weight"
 
 
 def test_trainer_token_classification_with_its_collator(tokenizer, tmp_path):
@@ -302,6 +332,8 @@ def logits_of(model, batch: dict) -> torch.Tensor:
         return model(**inputs).logits
 
 
+# transformers' own model warns when PEFT reads its is_gradient_checkpointing (renamed there).
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
 @pytest.mark.parametrize(
     "cls_name, task_type, make_data, collator_class",
     [
