@@ -7,7 +7,9 @@ over 100 characters -> ``[UNK]``), then ``[CLS] A [SEP]`` or ``[CLS] A [SEP] B [
 segment ids 0 for A and 1 for B. The engine does the work; this file holds the configuration,
 the checks on what callers pass, and the API that transformers users know (code written for
 transformers' ``BertTokenizerFast`` / ``AutoTokenizer`` runs with only its import changed).
-What a call returns, and the padding of rows tokenized earlier, live in ``encoding.py``.
+Beside it: ``tokenizer_surface.py`` (the rest of transformers' tokenizer API: role tokens,
+special-token lists, added tokens, ``pad``), ``encoding.py`` (``BatchEncoding``, what a call
+returns) and ``vocab.py`` (vocabulary files, ``train_vocab``).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import json
 import logging
 import os
 import warnings
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,31 +32,30 @@ from tokenizers import (
     normalizers,
     pre_tokenizers,
     processors,
-    trainers,
 )
 
 from bertlab.encoding import (
     BatchEncoding,
     check_side,
     check_tensor_type,
-    pad_rows,
     to_python,
 )
 from bertlab.files import atomic_write, resolve_model_dir
+from bertlab.tokenizer_surface import TransformersSurface
+from bertlab.vocab import (
+    MAX_WORD_CHARS,
+    SPECIAL_TOKENS,
+    added_token,
+    read_tokenizer_json,
+    read_vocab,
+    saved_added_tokens,
+    train_vocab,
+)
 
 __all__ = ["BatchEncoding", "BertTokenizer", "read_vocab", "train_vocab"]
 
 logger = logging.getLogger(__name__)
 
-# Role -> the token BERT uses for it. Every vocabulary must hold all five.
-SPECIAL_TOKENS = {
-    "unk_token": "[UNK]",
-    "sep_token": "[SEP]",
-    "pad_token": "[PAD]",
-    "cls_token": "[CLS]",
-    "mask_token": "[MASK]",
-}
-MAX_WORD_CHARS = 100  # longer words become [UNK], as in the original BERT
 NO_LIMIT = int(1e30)  # model_max_length of a folder that names none (transformers' value)
 PADDING = {
     False: None,
@@ -105,34 +106,7 @@ CLEAN_UP = (
 )  # fmt: skip
 
 
-def read_vocab(path: str | os.PathLike) -> list[str]:
-    """vocab.txt: one token per line, the line number is its id."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no vocabulary file at {path}")
-    with open(path, encoding="utf-8") as f:
-        return [line.rstrip("\n") for line in f]
-
-
-def _role_property(role: str, ids: bool) -> property:
-    """``tokenizer.cls_token`` / ``cls_token_id`` (read and write), kept in ``special_tokens``."""
-
-    def get(self: BertTokenizer) -> Any:
-        token = self.special_tokens[role]
-        return self.convert_tokens_to_ids(token) if ids else token
-
-    def set(self: BertTokenizer, value: Any) -> None:
-        token = self.convert_ids_to_tokens(int(value)) if ids else value
-        if not isinstance(token, str):
-            raise TypeError(f"{role} must be a str, got {type(value).__name__}: {value!r:.60}")
-        self.special_tokens[role] = token
-        if role in ("cls_token", "sep_token"):
-            self._tok.post_processor = self._template()
-
-    return property(get, set, doc=f"The {role.replace('_', ' ')}{' id' if ids else ''}.")
-
-
-class BertTokenizer:
+class BertTokenizer(TransformersSurface):
     """WordPiece tokenizer for BERT. Build with ``from_pretrained(dir)`` or from a vocab.txt.
 
     ``added_tokens``: entries of a saved tokenizer.json's ``added_tokens`` list (``id``,
@@ -178,8 +152,8 @@ class BertTokenizer:
         self.tokenize_chinese_chars = tokenize_chinese_chars
         self.never_split = sorted(set(never_split or ()))
         self.model_max_length = model_max_length
-        self.padding_side = check_side(padding_side)
-        self.truncation_side = check_side(truncation_side, "truncation_side")
+        self.padding_side = padding_side
+        self.truncation_side = truncation_side
         self.clean_up_tokenization_spaces = clean_up_tokenization_spaces
         self.split_special_tokens = split_special_tokens
         self.name_or_path = name_or_path
@@ -188,7 +162,7 @@ class BertTokenizer:
         self._warned_long = False
         # Tokens added after the vocabulary, in the order they were added: (tokens, special).
         self._added: list[tuple[list[AddedToken], bool]] = [
-            ([_added_token(entry)], bool(entry.get("special", False))) for entry in saved
+            ([added_token(entry)], bool(entry.get("special", False))) for entry in saved
         ]
         self._tok, _ = self._engine()
         for entry in saved:
@@ -253,16 +227,32 @@ class BertTokenizer:
             special_tokens=[(cls, self.cls_token_id), (sep, self.sep_token_id)],
         )
 
-    unk_token = _role_property("unk_token", ids=False)
-    sep_token = _role_property("sep_token", ids=False)
-    pad_token = _role_property("pad_token", ids=False)
-    cls_token = _role_property("cls_token", ids=False)
-    mask_token = _role_property("mask_token", ids=False)
-    unk_token_id = _role_property("unk_token", ids=True)
-    sep_token_id = _role_property("sep_token", ids=True)
-    pad_token_id = _role_property("pad_token", ids=True)
-    cls_token_id = _role_property("cls_token", ids=True)
-    mask_token_id = _role_property("mask_token", ids=True)
+    @property
+    def padding_side(self) -> str:
+        """ "right" or "left": where padding goes when a call does not say."""
+        return self._padding_side
+
+    @padding_side.setter
+    def padding_side(self, value: str) -> None:
+        self._padding_side = check_side(value)
+
+    @property
+    def truncation_side(self) -> str:
+        """ "right" or "left": which end truncation cuts."""
+        return self._truncation_side
+
+    @truncation_side.setter
+    def truncation_side(self, value: str) -> None:
+        self._truncation_side = check_side(value, "truncation_side")
+
+    def __repr__(self) -> str:
+        return (
+            f"BertTokenizer(name_or_path={self.name_or_path!r}, vocab_size={self.vocab_size}, "
+            f"len={len(self)}, model_max_length={self.model_max_length}, "
+            f"do_lower_case={self.do_lower_case}, padding_side={self.padding_side!r}, "
+            f"truncation_side={self.truncation_side!r}, special_tokens={self.special_tokens_map}, "
+            f"extra_special_tokens={self._extra_special})"
+        )
 
     # ----------------------------------------------------------------------------- files
     @classmethod
@@ -282,8 +272,11 @@ class BertTokenizer:
         if not vocab.is_file():
             if not (d / "tokenizer.json").is_file():
                 raise FileNotFoundError(f"no vocab.txt or tokenizer.json in {d}")
-            vocab, cfg = _read_tokenizer_json(d / "tokenizer.json", cfg)
-        kwargs: dict[str, Any] = {"name_or_path": str(path), "added_tokens": _saved_added(d, cfg)}
+            vocab, cfg = read_tokenizer_json(d / "tokenizer.json", cfg)
+        kwargs: dict[str, Any] = {
+            "name_or_path": str(path),
+            "added_tokens": saved_added_tokens(d, cfg),
+        }
         settings = (
             "do_lower_case",
             "strip_accents",
@@ -315,6 +308,11 @@ class BertTokenizer:
             kwargs["extra_special_tokens"] = [
                 t["content"] if isinstance(t, dict) else t for t in extra
             ]
+        if overrides.pop("use_fast", True) is not True:
+            raise ValueError(
+                "use_fast=False asks for transformers' pure-Python tokenizer; bertlab has one "
+                "tokenizer, run by the tokenizers engine as transformers' fast one"
+            )
         allowed = {*settings, "model_max_length", "extra_special_tokens", *SPECIAL_TOKENS}
         unknown = sorted(set(overrides) - allowed)
         if unknown:
@@ -474,247 +472,6 @@ class BertTokenizer:
         texts = self.decode(sequences, skip_special_tokens, clean_up_tokenization_spaces)
         return [texts] if isinstance(texts, str) else texts
 
-    # ------------------------------------------------------------------ transformers' surface
-    # The attributes and methods that code written for transformers' BertTokenizerFast reads.
-    model_input_names = ["input_ids", "token_type_ids", "attention_mask"]
-    pad_token_type_id = 0
-
-    @property
-    def is_fast(self) -> bool:
-        """True: the Rust engine tokenizes (offsets, word_ids and char_to_token are available)."""
-        return True
-
-    @property
-    def backend_tokenizer(self) -> Tokenizer:
-        """The ``tokenizers`` engine (its padding and truncation are set afresh by each call)."""
-        return self._tok
-
-    @property
-    def special_tokens_map(self) -> dict[str, str]:
-        """Role -> token, for the five roles (extra special tokens are not listed here)."""
-        return dict(self.special_tokens)
-
-    @property
-    def extra_special_tokens(self) -> list[str]:
-        """Special tokens without a role, added by ``add_special_tokens``."""
-        return list(self._extra_special)
-
-    additional_special_tokens = extra_special_tokens  # (its name before transformers 5)
-
-    @property
-    def all_special_tokens(self) -> list[str]:
-        """The role tokens (unk, sep, pad, cls, mask), then the extra special tokens."""
-        return list(dict.fromkeys([*self.special_tokens.values(), *self._extra_special]))
-
-    @property
-    def all_special_ids(self) -> list[int]:
-        return self.convert_tokens_to_ids(self.all_special_tokens)
-
-    def get_vocab(self) -> dict[str, int]:
-        """Token -> id, added tokens included."""
-        return {**self.vocab, **self.get_added_vocab()}
-
-    def get_added_vocab(self) -> dict[str, int]:
-        """Tokens held as added tokens (the special ones included) -> id."""
-        return {t.content: i for i, t in sorted(self.added_tokens_decoder.items())}
-
-    @property
-    def added_tokens_decoder(self) -> dict[int, AddedToken]:
-        kept = set(self.never_split) - {t.content for ts, _ in self._added for t in ts}
-        return {
-            i: t
-            for i, t in self._tok.get_added_tokens_decoder().items()
-            if i < self._size and t.content not in kept
-        }
-
-    @property
-    def added_tokens_encoder(self) -> dict[str, int]:
-        return self.get_added_vocab()
-
-    def add_tokens(
-        self,
-        new_tokens: str | AddedToken | Sequence[str | AddedToken],
-        special_tokens: bool = False,
-    ) -> int:
-        """Add tokens that are never split: those not in the vocabulary get ids from
-        ``len(tokenizer)`` up. Returns how many the engine added. A plain str matches text after
-        normalisation (so ``NEW_TOK`` finds ``new_tok`` in an uncased tokenizer), anywhere, even
-        inside a word; an ``AddedToken`` says otherwise. ``vocab_size`` stays the base vocabulary;
-        ``len(tokenizer)`` grows (resize the model's embeddings to it)."""
-        if not new_tokens:
-            return 0
-        if not isinstance(new_tokens, (list, tuple)):
-            new_tokens = [new_tokens]
-        for i, t in enumerate(new_tokens):
-            if not isinstance(t, (str, AddedToken)):
-                raise TypeError(f"new_tokens[{i}] must be a str or an AddedToken, got {t!r:.60}")
-        tokens = [
-            t
-            if isinstance(t, AddedToken)
-            else AddedToken(t, special=special_tokens, normalized=not special_tokens)
-            for t in new_tokens
-        ]
-        self._added.append((tokens, special_tokens))
-        if self._unk_above is None:
-            add = self._tok.add_special_tokens if special_tokens else self._tok.add_tokens
-            count = add(tokens)
-            self._size = self._tok.get_vocab_size(with_added_tokens=True)
-            return count
-        self._tok, count = self._engine()  # never_split words stay after the added tokens
-        return count
-
-    def add_special_tokens(
-        self, special_tokens_dict: Mapping[str, Any], replace_extra_special_tokens: bool = True
-    ) -> int:
-        """Set role tokens (``{"pad_token": "<pad>"}``) and extra special tokens
-        (``{"additional_special_tokens": [...]}`` or ``"extra_special_tokens"``), adding those
-        not yet held. Special tokens are matched exactly (not lower-cased), never split, and
-        skipped by ``decode(skip_special_tokens=True)``. Returns how many tokens were added.
-        A new cls_token or sep_token is used by the [CLS] A [SEP] template at once (transformers
-        keeps the old one until the tokenizer is saved and loaded again)."""
-        given = dict(special_tokens_dict)
-        if "additional_special_tokens" in given and not given.get("extra_special_tokens"):
-            given["extra_special_tokens"] = given.pop("additional_special_tokens")
-        allowed = [*SPECIAL_TOKENS, "extra_special_tokens", "additional_special_tokens"]
-        tokens: list[str | AddedToken] = []
-        for key, value in given.items():
-            if key not in allowed:
-                raise ValueError(
-                    f"{key!r} is not a special token role of BERT: use one of {allowed}"
-                )
-            if key in ("extra_special_tokens", "additional_special_tokens"):
-                if not isinstance(value, (list, tuple)) or not all(
-                    isinstance(t, (str, AddedToken)) for t in value
-                ):
-                    raise ValueError(
-                        f"{key} must be a list of str or AddedToken, got {value!r:.80}"
-                    )
-                new = [
-                    t
-                    for t in value
-                    if replace_extra_special_tokens or str(t) not in self._extra_special
-                ]
-                if replace_extra_special_tokens and new:
-                    self._extra_special = [str(t) for t in new]
-                else:
-                    self._extra_special += [str(t) for t in new]
-                tokens += new
-            else:
-                if not isinstance(value, (str, AddedToken)):
-                    raise ValueError(f"{key} must be a str or an AddedToken, got {value!r:.60}")
-                self.special_tokens[key] = str(value)
-                tokens.append(value)
-        tokens = [
-            AddedToken(t, normalized=False, special=True) if isinstance(t, str) else t
-            for t in tokens
-        ]
-        count = self.add_tokens(tokens, special_tokens=True)
-        if {"cls_token", "sep_token"} & set(given):
-            self._tok.post_processor = self._template()
-        return count
-
-    def get_special_tokens_mask(
-        self,
-        token_ids_0: list[int],
-        token_ids_1: list[int] | None = None,
-        already_has_special_tokens: bool = False,
-    ) -> list[int]:
-        """1 for a special token, 0 for text. ``already_has_special_tokens``: the ids are a
-        whole input (what data collators pass): 1 where an id is a special token's. Otherwise
-        they are the text(s) before [CLS]/[SEP] are added: the mask of the result (transformers'
-        fast tokenizer has no such form; this is its original BERT tokenizer's)."""
-        if already_has_special_tokens:
-            if token_ids_1 is not None:
-                raise ValueError(
-                    "token_ids_1 must be None when the ids already hold their special tokens"
-                )
-            special = set(self.all_special_ids)
-            return [1 if int(i) in special else 0 for i in token_ids_0]
-        mask = [1] + [0] * len(token_ids_0) + [1]
-        return mask if token_ids_1 is None else mask + [0] * len(token_ids_1) + [1]
-
-    def build_inputs_with_special_tokens(
-        self, token_ids_0: list[int], token_ids_1: list[int] | None = None
-    ) -> list[int]:
-        """``[CLS] A [SEP]`` or ``[CLS] A [SEP] B [SEP]`` as ids."""
-        cls, sep = [self.cls_token_id], [self.sep_token_id]
-        ids = cls + list(token_ids_0) + sep
-        return ids if token_ids_1 is None else ids + list(token_ids_1) + sep
-
-    def create_token_type_ids_from_sequences(
-        self, token_ids_0: list[int], token_ids_1: list[int] | None = None
-    ) -> list[int]:
-        """Segment ids of ``build_inputs_with_special_tokens``: 0 for [CLS] A [SEP], then 1."""
-        types = [0] * (len(token_ids_0) + 2)
-        return types if token_ids_1 is None else types + [1] * (len(token_ids_1) + 1)
-
-    def pad(
-        self,
-        encoded_inputs: Mapping[str, Any] | Sequence[Mapping[str, Any]],
-        padding: bool | str = True,
-        max_length: int | None = None,
-        pad_to_multiple_of: int | None = None,
-        padding_side: str | None = None,
-        return_attention_mask: bool | None = None,
-        return_tensors: str | None = None,
-        verbose: bool = True,
-    ) -> BatchEncoding:
-        """Pad rows tokenized earlier (what ``DataCollatorWithPadding`` and
-        ``DataCollatorForLanguageModeling`` call): a list of dicts (of lists, tensors or arrays)
-        or a dict of lists; one row (a dict of flat lists) is padded alone. padding: True /
-        "longest" (default) | "max_length" (``max_length``, else model_max_length) | False.
-        input_ids are padded with [PAD], token_type_ids with 0, attention_mask with 0 (made
-        first, all ones, unless ``return_attention_mask=False``), special_tokens_mask with 1;
-        other fields (labels) are left as they are. Tensors in gives tensors out of the same
-        kind unless ``return_tensors`` says otherwise."""
-        if isinstance(encoded_inputs, (list, tuple)) and encoded_inputs:
-            if isinstance(encoded_inputs[0], Mapping):
-                keys = list(encoded_inputs[0].keys())
-                for i, row in enumerate(encoded_inputs):
-                    if not isinstance(row, Mapping) or set(row.keys()) != set(keys):
-                        what = list(row) if isinstance(row, Mapping) else type(row).__name__
-                        raise ValueError(f"pad: row {i} has fields {what}, row 0 has {keys}")
-                encoded_inputs = {k: [row[k] for row in encoded_inputs] for k in keys}
-        if not isinstance(encoded_inputs, Mapping):
-            raise TypeError(
-                f"pad takes a list of dicts or a dict of lists, got {type(encoded_inputs).__name__}"
-            )
-        inputs = dict(encoded_inputs)
-        if "input_ids" not in inputs:
-            raise ValueError(f"pad needs input_ids among the fields, got {list(inputs)}")
-        side = self.padding_side if padding_side is None else check_side(padding_side)
-        return_tensors = check_tensor_type(return_tensors)
-        ids = inputs["input_ids"]
-        if ids is None or len(ids) == 0:
-            if return_attention_mask:
-                inputs["attention_mask"] = []
-            return BatchEncoding(inputs)
-        if return_attention_mask is None:
-            return_attention_mask = "attention_mask" in self.model_input_names
-        first = next((row[0] for row in ids if _is_row(row) and len(row)), ids[0])
-        if isinstance(first, torch.Tensor):
-            return_tensors = return_tensors or "pt"
-        elif isinstance(first, np.ndarray) or (isinstance(first, np.generic)):
-            return_tensors = return_tensors or "np"
-        inputs = {k: to_python(v) for k, v in inputs.items()}
-        kind, length = self._padding_plan(padding, None, max_length, pad_to_multiple_of, verbose)
-        ids = inputs["input_ids"]
-        single = not _is_row(ids[0])
-        rows = {k: [v] for k, v in inputs.items()} if single else inputs
-        sizes = {k: len(v) for k, v in rows.items()}
-        if len(set(sizes.values())) > 1:
-            raise ValueError(f"pad: the fields hold different numbers of rows: {sizes}")
-        if kind == "longest":
-            length = max(len(row) for row in rows["input_ids"])
-        elif kind is None:
-            length = None
-        out = pad_rows(
-            rows, length, pad_to_multiple_of, side, self.pad_token_id, return_attention_mask
-        )
-        if single:
-            out = {k: v[0] for k, v in out.items()}
-        return BatchEncoding(out, tensor_type=return_tensors)
-
     # ----------------------------------------------------------------------------- __call__
     def __call__(
         self,
@@ -773,7 +530,8 @@ class BertTokenizer:
                     f"{', '.join((*CALL_OPTIONS, *EXTRA_CALL_OPTIONS))}"
                 )
             return self(text, text_pair, text_target, text_pair_target, **merged)
-        for name, value in (("text_target", text_target), ("text_pair_target", text_pair_target)):
+        targets = (text_target, text_pair_target)
+        for name, value in zip(UNSUPPORTED_CALL_OPTIONS, targets, strict=True):
             if value is not None:
                 raise TypeError(
                     f"{name} is not supported by bertlab's tokenizer (BERT has no "
@@ -986,46 +744,6 @@ class BertTokenizer:
                 )
 
 
-def _is_row(value: Any) -> bool:
-    return isinstance(value, (list, tuple, torch.Tensor, np.ndarray)) and (
-        not isinstance(value, (torch.Tensor, np.ndarray)) or value.ndim > 0
-    )
-
-
-def _added_token(entry: Mapping[str, Any]) -> AddedToken:
-    """An AddedToken from a saved entry (tokenizer.json's spelling)."""
-    special = bool(entry.get("special", False))
-    return AddedToken(
-        entry["content"],
-        single_word=bool(entry.get("single_word", False)),
-        lstrip=bool(entry.get("lstrip", False)),
-        rstrip=bool(entry.get("rstrip", False)),
-        normalized=bool(entry.get("normalized", not special)),
-        special=special,
-    )
-
-
-def _saved_added(d: Path, cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The added tokens a folder holds, as tokenizer.json entries: from tokenizer.json, else
-    tokenizer_config.json's ``added_tokens_decoder``, else added_tokens.json (whose tokens are
-    special when special_tokens_map.json lists them)."""
-    if (d / "tokenizer.json").is_file():
-        data = json.loads((d / "tokenizer.json").read_text(encoding="utf-8"))
-        return [dict(entry) for entry in data.get("added_tokens") or ()]
-    if isinstance(cfg.get("added_tokens_decoder"), dict):
-        return [{**v, "id": int(k)} for k, v in cfg["added_tokens_decoder"].items()]
-    if (d / "added_tokens.json").is_file():
-        added = json.loads((d / "added_tokens.json").read_text(encoding="utf-8"))
-        special: set[str] = set()
-        if (d / "special_tokens_map.json").is_file():
-            listed = json.loads((d / "special_tokens_map.json").read_text(encoding="utf-8"))
-            for value in listed.values():
-                for t in value if isinstance(value, list) else [value]:
-                    special.add(t["content"] if isinstance(t, dict) else t)
-        return [{"id": i, "content": t, "special": t in special} for t, i in added.items()]
-    return []
-
-
 def _check_text(text: Any, name: str) -> None:
     if not isinstance(text, str):
         raise TypeError(f"{name} must be a str, got {type(text).__name__}: {text!r:.60}")
@@ -1058,89 +776,3 @@ def _as_word_lists(value: Any, name: str) -> list[list[str]]:
         else _as_texts(words, f"{name}[{i}]")
         for i, words in enumerate(value)
     ]
-
-
-def _read_tokenizer_json(path: Path, cfg: dict[str, Any]) -> tuple[dict[str, int], dict]:
-    """The WordPiece vocabulary of a tokenizer.json, and its normaliser's settings as
-    tokenizer_config keys (those already in ``cfg`` win)."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path} is not valid JSON: {e}") from e
-    model = data.get("model") or {}
-    if model.get("type") != "WordPiece":
-        raise ValueError(f"{path} holds a {model.get('type')!r} model, not BERT's WordPiece")
-    norm = data.get("normalizer") or {}
-    cfg = dict(cfg)
-    if norm.get("type") == "BertNormalizer":
-        cfg.setdefault("do_lower_case", norm.get("lowercase", True))
-        cfg.setdefault("strip_accents", norm.get("strip_accents"))
-        cfg.setdefault("tokenize_chinese_chars", norm.get("handle_chinese_chars", True))
-    return dict(model["vocab"]), cfg
-
-
-# ============================================================================ vocabulary training
-def _lines(files: list[Path]) -> Iterator[str]:
-    """Each line of each file, decoded strictly: invalid UTF-8 names the file and line."""
-    for path in files:
-        with open(path, "rb") as f:
-            for number, raw in enumerate(f, start=1):
-                try:
-                    yield raw.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    raise ValueError(
-                        f"{path}, line {number}: invalid UTF-8 at byte {e.start}: {raw[:60]!r}"
-                    ) from None
-
-
-def train_vocab(
-    files: str | os.PathLike | Iterable[str | os.PathLike],
-    vocab_size: int,
-    output_dir: str | os.PathLike,
-    lowercase: bool = True,
-    min_frequency: int = 2,
-    limit_alphabet: int = 1000,
-) -> Path:
-    """Train a WordPiece vocabulary on raw text and write ``vocab.txt`` (special tokens first:
-    [PAD]=0, [UNK], [CLS], [SEP], [MASK]) and ``tokenizer_config.json`` into ``output_dir``,
-    which ``BertTokenizer.from_pretrained(output_dir)`` then loads. Returns the vocab path."""
-    paths = [Path(files)] if isinstance(files, (str, os.PathLike)) else [Path(f) for f in files]
-    if not paths:
-        raise ValueError("train_vocab needs at least one text file")
-    for p in paths:
-        if not p.is_file():
-            raise FileNotFoundError(f"no text file at {p}")
-    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    if not isinstance(vocab_size, int) or vocab_size <= len(specials):
-        raise ValueError(f"vocab_size must be an integer above {len(specials)}, got {vocab_size!r}")
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=MAX_WORD_CHARS))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=lowercase, strip_accents=None)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    trainer = trainers.WordPieceTrainer(
-        vocab_size=vocab_size,
-        min_frequency=min_frequency,
-        limit_alphabet=limit_alphabet,
-        special_tokens=specials,
-        continuing_subword_prefix="##",
-        show_progress=False,
-    )
-    tok.train_from_iterator(_lines(paths), trainer=trainer)  # reads every line before writing
-    vocab = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
-    if len(vocab) <= len(specials):
-        raise ValueError(f"no text to learn a vocabulary from in {', '.join(map(str, paths))}")
-    out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    config = {
-        "tokenizer_class": "BertTokenizer",
-        "do_lower_case": lowercase,
-        "strip_accents": None,
-        "tokenize_chinese_chars": True,
-        "model_max_length": 512,
-    }
-    text = "".join(t + "\n" for t, _ in vocab)
-    atomic_write(out / "vocab.txt", lambda p: Path(p).write_text(text, "utf-8"))
-    atomic_write(
-        out / "tokenizer_config.json",
-        lambda p: Path(p).write_text(json.dumps(config, indent=2) + "\n", "utf-8"),
-    )
-    return out / "vocab.txt"

@@ -333,6 +333,8 @@ def test_add_tokens_like_transformers(tmp_path):
     assert ours.convert_tokens_to_ids(["<ent>", "zzzqqq", "new_tok"]) == [30524, 100, 30522]
     mask = ours.get_special_tokens_mask(ids, already_has_special_tokens=True)
     assert mask == ref.get_special_tokens_mask(ids, already_has_special_tokens=True)
+    copied = pickle.loads(pickle.dumps(ours))  # (DataLoader workers that spawn pickle it)
+    assert copied(text)["input_ids"] == ids and len(copied) == len(ours)
 
 
 @pytest.mark.parametrize("saver", ["bertlab", "transformers"])
@@ -421,6 +423,8 @@ def test_attributes_like_transformers(both):
     assert ours.name_or_path == ref.name_or_path == str(FOLDER)
     assert ours.get_vocab() == ref.get_vocab()
     assert ours.num_special_tokens_to_add(True) == ref.num_special_tokens_to_add(True)
+    assert BertTokenizer.from_pretrained(FOLDER, use_fast=True).is_fast
+    assert "vocab_size=30522" in repr(ours) and "padding_side='right'" in repr(ours)
 
 
 def test_special_token_helpers_like_the_original_bert_tokenizer(both):
@@ -523,6 +527,12 @@ def test_bad_values_name_the_value_and_the_choices(both):
         BertTokenizer.from_pretrained(FOLDER, padding_side="top")
     with pytest.raises(ValueError, match=r"truncation_side 'x' is not one of"):
         BertTokenizer.from_pretrained(FOLDER, truncation_side="x")
+    fresh_tok = BertTokenizer.from_pretrained(FOLDER)
+    with pytest.raises(ValueError, match=r"padding_side 'centre' is not one of"):
+        fresh_tok.padding_side = "centre"
+    assert fresh_tok.padding_side == "right"
+    with pytest.raises(ValueError, match=r"use_fast=False asks for transformers' pure-Python"):
+        BertTokenizer.from_pretrained(FOLDER, use_fast=False)
     with pytest.raises(ValueError, match=r"return_tensors 'tf' is not supported.*'pt', 'np'"):
         tok("a", return_tensors="tf")
     with pytest.raises(ValueError, match=r"pad_to_multiple_of must be a positive integer, got 0"):

@@ -4,13 +4,12 @@ sentence-transformers. Each test trains or runs a few steps on a tiny model and 
 could go wrong: the loss falls, it equals transformers' loss on the same weights, saved files
 reload to the same outputs, merged adapters give the adapter model's logits.
 
-The models are tiny (2 layers, hidden 32) over a 40-word vocabulary written for the toy tasks,
-so the file runs in seconds on two cores.
+The models are tiny (2 layers, hidden 32) over a vocabulary of the toy tasks' 28 words,
+and every run is a few full-batch steps.
 """
 
 from __future__ import annotations
 
-import json
 import random
 
 import pytest
@@ -40,7 +39,9 @@ SMALL = dict(
 
 
 def collator_tokenizer(folder):
-    """The tokenizer the data collators pad with."""
+    """The tokenizer that transformers' data collators pad with, read from a model folder:
+    transformers' own here, since the collators call the tokenizer's ``pad``. This line is the
+    one place to change to use bertlab.BertTokenizer instead."""
     return transformers.BertTokenizerFast.from_pretrained(folder)
 
 
@@ -131,7 +132,7 @@ def losses(trainer) -> list[float]:
     return [row["loss"] for row in trainer.state.log_history if "loss" in row]
 
 
-def run_trainer(model, folder, args, train, collator, eval_data=None):
+def run_trainer(model, args, train, collator, eval_data=None):
     trainer = transformers.Trainer(
         model=model, args=args, train_dataset=train, eval_dataset=eval_data, data_collator=collator
     )
@@ -141,6 +142,9 @@ def run_trainer(model, folder, args, train, collator, eval_data=None):
 
 # ============================================================================ Trainer
 def test_trainer_trains_sequence_classification_as_on_transformers_model(tokenizer, tmp_path):
+    """The same Trainer run (seed, data, arguments) on bertlab's model (its default packed
+    kernel) and on transformers' (sdpa) loaded from the same folder logs the same losses;
+    evaluate, predict and save_model work on it."""
     folder = saved_model("BertForSequenceClassification", tmp_path / "model")
     train = classification_data(tokenizer, 16, seed=1)
     dev = classification_data(tokenizer, 20, seed=2)
@@ -160,7 +164,7 @@ def test_trainer_trains_sequence_classification_as_on_transformers_model(tokeniz
     assert after["eval_loss"] < before / 2, (before, after)
 
     theirs = transformers.BertForSequenceClassification.from_pretrained(folder)
-    reference = run_trainer(theirs, folder, training_args(tmp_path / "ref"), train, collator)
+    reference = run_trainer(theirs, training_args(tmp_path / "ref"), train, collator)
     ours_losses, their_losses = losses(trainer), losses(reference)
     assert len(ours_losses) == 12
     assert ours_losses == pytest.approx(their_losses, abs=1e-4)
@@ -173,6 +177,9 @@ def test_trainer_trains_sequence_classification_as_on_transformers_model(tokeniz
     # The Trainer saves a model that is not one of transformers' classes as its weights alone
     # (model.safetensors); the config is written beside them.
     trainer.save_model()
+    if not (tmp_path / "run" / "config.json").is_file():
+        with pytest.raises(FileNotFoundError, match="weights only"):  # says what to do
+            bertlab.AutoModelForSequenceClassification.from_pretrained(tmp_path / "run")
     model.config.save_pretrained(tmp_path / "run")
     reloaded = bertlab.AutoModelForSequenceClassification.from_pretrained(tmp_path / "run")
     assert type(reloaded) is bertlab.BertForSequenceClassification
@@ -186,30 +193,65 @@ def test_trainer_trains_sequence_classification_as_on_transformers_model(tokeniz
     assert (want - theirs.eval()(**batch).logits).abs().max() < 1e-4
 
 
-def test_trainer_masked_lm_with_the_language_modeling_collator(tokenizer, tmp_path):
+def test_trainer_masked_lm_checkpoints_and_resumes(tokenizer, tmp_path):
+    """MLM with transformers' masking collator: the losses of transformers' model on the same
+    weights; checkpoints written mid-run (the tied decoder weight is saved once) from which a
+    new Trainer resumes to the same losses; the saved model reloads, still tied."""
     folder = saved_model("BertForMaskedLM", tmp_path / "model")
     train = mlm_data(tokenizer, 16, seed=3)
     collator = transformers.DataCollatorForLanguageModeling(
         collator_tokenizer(folder), mlm_probability=0.3
     )
-    args = {}
-    ours = run_trainer(
-        bertlab.BertForMaskedLM.from_pretrained(folder),
-        folder,
-        training_args(tmp_path / "run", **args),
-        train,
-        collator,
-    )
+    args = training_args(tmp_path / "run", save_strategy="steps", save_steps=6)
+    ours = run_trainer(bertlab.BertForMaskedLM.from_pretrained(folder), args, train, collator)
     theirs = run_trainer(
         transformers.BertForMaskedLM.from_pretrained(folder),
-        folder,
-        training_args(tmp_path / "ref", **args),
+        training_args(tmp_path / "ref"),
         train,
         collator,
     )
     got = losses(ours)
     assert got == pytest.approx(losses(theirs), abs=1e-4)
     assert sum(got[-3:]) < sum(got[:3])
+
+    resumed = transformers.Trainer(
+        model=bertlab.BertForMaskedLM.from_pretrained(folder),
+        args=training_args(tmp_path / "run"),
+        train_dataset=train,
+        data_collator=collator,
+    )
+    resumed.train(resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-6"))
+    assert losses(resumed)[-6:] == pytest.approx(got[-6:], abs=1e-6)
+
+    ours.save_model(tmp_path / "saved")
+    ours.model.config.save_pretrained(tmp_path / "saved")
+    reloaded = bertlab.AutoModelForMaskedLM.from_pretrained(tmp_path / "saved").eval()
+    assert reloaded.get_output_embeddings().weight is reloaded.get_input_embeddings().weight
+    batch = collator_tokenizer(folder).pad(train[:4], return_tensors="pt")
+    assert (logits_of(reloaded, batch) - logits_of(ours.model.eval(), batch)).abs().max() < 1e-6
+
+
+@pytest.mark.parametrize("cls_name", ["BertForMaskedLM", "BertForPreTraining"])
+def test_tied_decoder_weight_is_named_once_so_safetensors_saves_the_state_dict(tmp_path, cls_name):
+    from safetensors.torch import load_file, save_file
+
+    torch.manual_seed(0)
+    model = getattr(bertlab, cls_name)(bertlab.BertConfig(**SMALL))
+    state = model.state_dict()
+    assert "cls.predictions.decoder.weight" not in state
+    save_file(state, tmp_path / "weights.safetensors")  # refuses two names for one tensor
+    loaded = load_file(tmp_path / "weights.safetensors")
+    fresh = getattr(bertlab, cls_name)(bertlab.BertConfig(**SMALL))
+    fresh.load_state_dict(loaded)  # strict: nothing missing
+    assert fresh.get_output_embeddings().weight is fresh.get_input_embeddings().weight
+    assert torch.equal(fresh.get_output_embeddings().weight, model.get_input_embeddings().weight)
+    # A state dict that names it (transformers' models do) loads as well.
+    table = loaded["bert.embeddings.word_embeddings.weight"]
+    named = {**loaded, "cls.predictions.decoder.weight": table}
+    getattr(bertlab, cls_name)(bertlab.BertConfig(**SMALL)).load_state_dict(named)
+    # Untied, the decoder is a weight of its own and keeps its name.
+    untied = getattr(bertlab, cls_name)(bertlab.BertConfig(**SMALL, tie_word_embeddings=False))
+    assert "cls.predictions.decoder.weight" in untied.state_dict()
 
 
 def test_trainer_token_classification_with_its_collator(tokenizer, tmp_path):
@@ -218,14 +260,12 @@ def test_trainer_token_classification_with_its_collator(tokenizer, tmp_path):
     collator = transformers.DataCollatorForTokenClassification(collator_tokenizer(folder))
     ours = run_trainer(
         bertlab.BertForTokenClassification.from_pretrained(folder),
-        folder,
         training_args(tmp_path / "run"),
         train,
         collator,
     )
     theirs = run_trainer(
         transformers.BertForTokenClassification.from_pretrained(folder),
-        folder,
         training_args(tmp_path / "ref"),
         train,
         collator,
@@ -257,7 +297,7 @@ def test_gradient_accumulation_update_equals_one_doubled_batch(tokenizer, tmp_pa
 
     def weights_after(run: str, **args) -> dict[str, torch.Tensor]:
         model = bertlab.BertForSequenceClassification.from_pretrained(folder)
-        run_trainer(model, folder, training_args(tmp_path / run, **common, **args), train, collator)
+        run_trainer(model, training_args(tmp_path / run, **common, **args), train, collator)
         return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
     start = bertlab.BertForSequenceClassification.from_pretrained(folder).state_dict()
@@ -293,6 +333,8 @@ def logits_of(model, batch: dict) -> torch.Tensor:
         return model(**inputs).logits
 
 
+# transformers' own model warns when PEFT reads its is_gradient_checkpointing (renamed there).
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
 @pytest.mark.parametrize(
     "cls_name, task_type, make_data, collator_class",
     [
@@ -309,6 +351,7 @@ def logits_of(model, batch: dict) -> torch.Tensor:
             "DataCollatorForTokenClassification",
         ),
     ],
+    ids=["sequence", "tokens"],
 )
 def test_lora_trains_saves_reloads_and_merges(
     tokenizer, tmp_path, capsys, cls_name, task_type, make_data, collator_class
@@ -361,6 +404,26 @@ def test_lora_trains_saves_reloads_and_merges(
     assert (
         logits_of(again.from_pretrained(tmp_path / "merged"), batch) - adapted
     ).abs().max() < 1e-5
+
+
+def test_trainer_on_a_lora_model_saves_the_adapter(tokenizer, tmp_path):
+    peft = pytest.importorskip("peft", reason="LoRA through PEFT: a test extra")
+    folder = saved_model("BertForSequenceClassification", tmp_path / "model", initializer_range=0.2)
+    collator = transformers.DataCollatorWithPadding(collator_tokenizer(folder))
+    train = classification_data(tokenizer, 16, seed=10)
+    config = peft.LoraConfig(task_type="SEQ_CLS", r=4, target_modules=["query", "value"])
+    model = peft.get_peft_model(
+        bertlab.BertForSequenceClassification.from_pretrained(folder), config
+    )
+    trainer = run_trainer(model, training_args(tmp_path / "run", max_steps=8), train, collator)
+    steps = losses(trainer)
+    assert steps[-1] < 0.75 * steps[0], steps
+    trainer.save_model()  # a PeftModel: the Trainer writes the adapter
+    assert (tmp_path / "run" / "adapter_model.safetensors").is_file()
+    fresh = bertlab.BertForSequenceClassification.from_pretrained(folder)
+    reloaded = peft.PeftModel.from_pretrained(fresh, tmp_path / "run")
+    batch = collator(train)
+    assert (logits_of(reloaded, batch) - logits_of(model.eval(), batch)).abs().max() < 1e-6
 
 
 def test_lora_with_gradient_checkpointing_gives_the_same_gradients(tokenizer, tmp_path):
@@ -431,3 +494,106 @@ def test_accelerate_trains_and_the_unwrapped_model_saves(tokenizer, tmp_path):
         logits_of(reloaded, batch)
         - logits_of(bertlab.BertForSequenceClassification.from_pretrained(folder), batch)
     ).abs().max() > 1e-2  # what was saved is the trained model
+
+
+# ============================================================================ sentence-transformers
+def bertlab_sentence_transformer(model, tokenizer, max_length: int = 128):
+    """A SentenceTransformer whose first module runs a bertlab model: the module below turns
+    texts into the tokenizer's tensors and gives ``token_embeddings``; sentence-transformers'
+    own mean Pooling and Normalize follow."""
+    st = pytest.importorskip("sentence_transformers", reason="a test extra")
+    from sentence_transformers.base.modules import InputModule, Normalize
+    from sentence_transformers.sentence_transformer.modules import Pooling
+
+    class BertlabEncoder(InputModule):
+        def __init__(self):
+            super().__init__()
+            self.auto_model = model
+            self.tokenizer = tokenizer
+            self.max_seq_length = max_length
+
+        def preprocess(self, inputs, prompt=None, **kwargs) -> dict[str, torch.Tensor]:
+            texts = [prompt + t for t in inputs] if prompt else list(inputs)
+            enc = self.tokenizer(
+                texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt"
+            )
+            return dict(enc)
+
+        def forward(self, features: dict, **kwargs) -> dict:
+            names = ("input_ids", "attention_mask", "token_type_ids")
+            out = self.auto_model(**{k: features[k] for k in names if k in features})
+            return {**features, "token_embeddings": out.last_hidden_state}
+
+        def get_embedding_dimension(self) -> int:
+            return model.config.hidden_size
+
+        get_word_embedding_dimension = get_embedding_dimension
+
+        def save(self, output_path: str, *args, **kwargs) -> None:
+            model.save_pretrained(output_path)
+            tokenizer.save_pretrained(output_path)
+
+    encoder = BertlabEncoder()
+    modules = [encoder, Pooling(model.config.hidden_size, "mean"), Normalize()]
+    return st.SentenceTransformer(modules=modules, device="cpu")
+
+
+TEXTS = [
+    "A man is eating food.",
+    "A man is riding a white horse on an enclosed ground.",
+    "The new movie is awesome",
+    "bertlab reads the same checkpoints",
+]
+
+
+def test_sentence_transformer_on_a_bertlab_model_encodes_as_the_bundled_model():
+    st = pytest.importorskip("sentence_transformers", reason="a test extra")
+    folder = bertlab.bundled_model_dir()
+    model = bertlab.BertModel.from_pretrained(folder).eval()
+    ours = bertlab_sentence_transformer(model, bertlab.BertTokenizer.from_pretrained(folder))
+    reference = st.SentenceTransformer(str(folder), device="cpu")
+    got = ours.encode(TEXTS, convert_to_tensor=True)
+    want = reference.encode(TEXTS, convert_to_tensor=True)
+    assert got.shape == want.shape == (len(TEXTS), 384)
+    assert (got - want).abs().max() < 1e-5
+    assert (want[0] - want[1]).abs().max() > 1e-2  # different texts, different vectors
+
+
+def test_sentence_transformers_loss_trains_a_bertlab_model(tokenizer, tmp_path):
+    """Contrastive training with sentence-transformers' in-batch-negatives loss: each sentence
+    should find its own reversed word order among the batch. The trained model saved by
+    bertlab then loads in sentence-transformers' own Transformer module and encodes the same."""
+    st = pytest.importorskip("sentence_transformers", reason="a test extra")
+    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+
+    folder = saved_model("BertModel", tmp_path / "model", initializer_range=0.2)
+    model = bertlab.BertModel.from_pretrained(folder)
+    encoder = bertlab_sentence_transformer(model, tokenizer)
+    loss_fn = MultipleNegativesRankingLoss(encoder)
+    texts, _ = sentences(16, seed=9)
+    reversed_texts = [" ".join(t.split()[::-1]) for t in texts]
+    features = [encoder.preprocess(texts), encoder.preprocess(reversed_texts)]
+    optimizer = torch.optim.AdamW(encoder.parameters(), lr=3e-3)
+    encoder.train()
+    steps = []
+    for _ in range(8):
+        loss = loss_fn(features, labels=None)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        steps.append(loss.item())
+    assert steps[-1] < 0.75 * steps[0], steps
+
+    encoder.eval()
+    model.save_pretrained(tmp_path / "trained")
+    tokenizer.save_pretrained(tmp_path / "trained")
+    from sentence_transformers.base.modules import Normalize, Transformer
+    from sentence_transformers.sentence_transformer.modules import Pooling
+
+    standard = st.SentenceTransformer(
+        modules=[Transformer(str(tmp_path / "trained")), Pooling(32, "mean"), Normalize()],
+        device="cpu",
+    )
+    got = encoder.encode(texts[:4], convert_to_tensor=True)
+    want = standard.encode(texts[:4], convert_to_tensor=True)
+    assert (got - want).abs().max() < 1e-5
