@@ -482,7 +482,14 @@ def read_config_dict(folder: Path) -> dict[str, Any]:
             if not isinstance(data, dict):
                 raise ValueError(f"{path} must hold a JSON object, got {type(data).__name__}")
             return data
-    raise FileNotFoundError(f"no config.json (or bert_config.json) in {folder}")
+    hint = ""
+    if any((folder / name).is_file() for name in ("model.safetensors", "pytorch_model.bin")):
+        # What transformers' Trainer.save_model writes for a model not of its own classes.
+        hint = (
+            ": it holds weights only; write their config beside them with "
+            "model.config.save_pretrained(folder), or save with model.save_pretrained(folder)"
+        )
+    raise FileNotFoundError(f"no config.json (or bert_config.json) in {folder}{hint}")
 
 
 @dataclass(frozen=True)
