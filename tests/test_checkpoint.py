@@ -450,7 +450,7 @@ def test_default_name_resolves_to_bundled_checkpoint(tmp_path, monkeypatch):
     assert bertlab.files.resolve_model_dir("default") == bundled
     model, info = BertModel.from_pretrained("default", output_loading_info=True)
     assert no_losses(info), info
-    assert model.config.dtype == "float32"  # a load records the dtype, as transformers
+    assert model.config.dtype == torch.float32  # a load records the dtype, as transformers
     assert model.config.replace(dtype=None) == BertConfig.from_pretrained(bundled)
     assert (model.config.num_hidden_layers, model.config.hidden_size) == (6, 384)
     state = load_file(str(bundled / "model.safetensors"))

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from bertlab.files import HUB_KEYWORDS, resolve_model_dir
 
 ACTIVATIONS = ("gelu", "gelu_new", "relu", "silu")
@@ -36,7 +38,7 @@ RUNTIME_DEFAULTS: dict[str, Any] = {
     "output_hidden_states": False,
     "output_attentions": False,
     "return_dict": True,
-    "dtype": None,  # the dtype the weights were saved in ("float32", "bfloat16", ...)
+    "dtype": None,  # the dtype the weights were saved in (torch.float32 ...; its name in json)
     "use_cache": True,  # no effect on an encoder; Trainer and PEFT set it
     "is_decoder": False,  # bertlab is the encoder: True is refused
     "add_cross_attention": False,  # refused when True, as is_decoder
@@ -175,7 +177,7 @@ class BertConfig:
         if name == "torch_dtype":
             name = "dtype"
         if name == "dtype":
-            value = _dtype_name(value)
+            value = _as_dtype(value)
         if name == "id2label" and value is not None:
             value = {int(k): v for k, v in value.items()}
             self.__dict__.pop("label2id", None)  # follows the new names unless set after
@@ -396,12 +398,12 @@ class BertConfig:
         for name in NETWORK_FIELDS:
             out[name] = getattr(self, name)
         out["position_embedding_type"] = "absolute"
-        out["id2label"] = {str(i): name for i, name in enumerate(self.labels)}
+        out["id2label"] = dict(enumerate(self.labels))  # (JSON writes the keys as strings)
         out["label2id"] = dict(self.label2id)
         for name, default in RUNTIME_DEFAULTS.items():
             value = getattr(self, name)
             if value != default:
-                out[name] = value
+                out[name] = str(value).removeprefix("torch.") if name == "dtype" else value
         out.update(self.extra)
         return out
 
@@ -450,12 +452,14 @@ class BertConfig:
         self.to_json_file(Path(directory) / "config.json")
 
 
-def _dtype_name(value: Any) -> str | None:
-    """A dtype as config.json writes it ("float32"), from a torch.dtype or its name."""
-    if value is None:
-        return None
-    name = str(value).removeprefix("torch.")
-    return name
+def _as_dtype(value: Any) -> torch.dtype | None:
+    """config.dtype as transformers holds it: a torch.dtype (config.json writes its name)."""
+    if value is None or isinstance(value, torch.dtype):
+        return value
+    found = getattr(torch, str(value).removeprefix("torch."), None)
+    if not isinstance(found, torch.dtype):
+        raise ValueError(f"BertConfig.dtype {value!r} is not a torch dtype (such as 'float32')")
+    return found
 
 
 def check_model_type(model_type: Any) -> None:

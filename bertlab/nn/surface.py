@@ -178,6 +178,19 @@ class TransformersSurface:
     def is_gradient_checkpointing(self) -> bool:
         return self.base_model.encoder.gradient_checkpointing
 
+    # transformers' newer names of the three above
+    def activation_checkpointing_enable(
+        self, gradient_checkpointing_kwargs: dict[str, Any] | None = None
+    ) -> None:
+        self.gradient_checkpointing_enable(gradient_checkpointing_kwargs)
+
+    def activation_checkpointing_disable(self) -> None:
+        self.gradient_checkpointing_disable()
+
+    @property
+    def is_activation_checkpointing(self) -> bool:
+        return self.is_gradient_checkpointing
+
     def enable_input_require_grads(self) -> None:
         """Make the embeddings' output require grad, so that checkpointed layers give
         gradients to adapters when the embeddings themselves are frozen (PEFT does this)."""

@@ -420,8 +420,13 @@ class BertTokenizer(TokenizerSurface):
         return self._tok.id_to_token(i)
 
     def convert_tokens_to_string(self, tokens: list[str]) -> str:
-        """Word pieces back to text: ``##`` continuations joined to the previous piece."""
-        return " ".join(tokens).replace(" ##", "").strip()
+        """Word pieces back to text as ``decode`` writes it: ``##`` continuations joined to the
+        previous piece, and the engine's WordPiece decoder's clean-up (no space before
+        punctuation)."""
+        decoder = self._tok.decoder
+        if decoder is None:
+            return " ".join(tokens).replace(" ##", "").strip()
+        return decoder.decode(list(tokens))
 
     def encode(
         self,
