@@ -29,3 +29,24 @@ def test_readme_parameter_table_is_what_bertlab_prints(capsys):
     main(["summary", "base", "--head", "pretraining", "--vocab-size", "30000", "--collapse"])
     printed = capsys.readouterr().out.strip()
     assert printed in (ROOT / "README.md").read_text()
+
+
+def test_the_use_it_examples_run_as_written(monkeypatch):
+    """The Python blocks of "Use it", copied as a newcomer would, run from the repository root
+    and print what their comments say."""
+    import torch
+
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Use it", 1)[1].split("\n## ", 1)[0]
+    blocks = [b.split("```", 1)[0] for b in section.split("```python\n")[1:]]
+    assert len(blocks) == 3
+    monkeypatch.chdir(ROOT)
+    scope: dict = {}
+    for block in blocks:
+        exec(compile(block, "README.md", "exec"), scope)
+    assert tuple(scope["out"].keys()) == ("loss", "logits")
+    assert scope["loss"].shape == () and scope["logits"].shape == (2, 2)
+    assert scope["tok"].padding_side == "left" and scope["enc"]["attention_mask"][1, 0] == 0
+    assert len(scope["extract"]("a gorgeous film")[0]) == 5
+    assert scope["tf_model"].config.hidden_size == 32
+    assert isinstance(scope["hub_model"], torch.nn.Module)
