@@ -39,10 +39,9 @@ SMALL = dict(
 
 
 def collator_tokenizer(folder):
-    """The tokenizer that transformers' data collators pad with, read from a model folder:
-    transformers' own here, since the collators call the tokenizer's ``pad``. This line is the
-    one place to change to use bertlab.BertTokenizer instead."""
-    return transformers.BertTokenizerFast.from_pretrained(folder)
+    """The tokenizer that transformers' data collators pad with (they call its ``pad``),
+    read from a model folder: bertlab's."""
+    return bertlab.BertTokenizer.from_pretrained(folder)
 
 
 def sentences(n: int, seed: int) -> tuple[list[str], list[int]]:

@@ -33,7 +33,7 @@ from bertlab.nn.checks import check_forward_keywords, check_inputs
 from bertlab.nn.config import ATTN_IMPLEMENTATIONS, BertConfig
 from bertlab.nn.outputs import BaseModelOutputWithPooling
 from bertlab.nn.packing import Layout, Packing, enter
-from bertlab.nn.surface import TransformersSurface
+from bertlab.nn.surface import TransformersSurface, drop_tied_decoder, restore_tied_decoder
 
 ACTIVATIONS = {
     "gelu": lambda: nn.GELU(),  # exact, with erf: what BERT uses
@@ -268,12 +268,9 @@ class BertPreTrainedModel(TransformersSurface, nn.Module):
         if not isinstance(config, BertConfig):
             raise TypeError(f"config must be a bertlab.BertConfig, got {type(config).__name__}")
         self.config = config
-        # A tied MLM decoder weight is the word-embedding table itself: the state dict names it
-        # once, as saved folders do, so tools that write a state dict with safetensors (which
-        # refuses two names for one tensor: transformers' Trainer.save_model and checkpoints)
-        # can save the model. A state dict with or without the second name loads.
-        self.register_state_dict_post_hook(_drop_tied_decoder)
-        self.register_load_state_dict_pre_hook(_restore_tied_decoder)
+        # a tied MLM decoder weight named once in the state dict (surface.py says why)
+        self.register_state_dict_post_hook(drop_tied_decoder)
+        self.register_load_state_dict_pre_hook(restore_tied_decoder)
 
     def post_init(self) -> None:
         """Initialise every weight as BERT does, tie the output embeddings, then choose the
@@ -332,28 +329,6 @@ class BertPreTrainedModel(TransformersSurface, nn.Module):
         for m in self.modules():
             if isinstance(m, BertPreTrainedModel):
                 m.config = config
-
-
-_DECODER = "cls.predictions.decoder.weight"
-_EMBEDDINGS = "bert.embeddings.word_embeddings.weight"
-
-
-def _tied(model: BertPreTrainedModel) -> bool:
-    decoder = model.get_output_embeddings()
-    return decoder is not None and decoder.weight is model.get_input_embeddings().weight
-
-
-def _drop_tied_decoder(model: BertPreTrainedModel, state: dict, prefix: str, meta: Any) -> None:
-    """state_dict hook: leave out the tied decoder weight (the embeddings hold it)."""
-    if _tied(model):
-        state.pop(prefix + _DECODER, None)
-
-
-def _restore_tied_decoder(model: BertPreTrainedModel, state: dict, prefix: str, *args: Any):
-    """load_state_dict hook: a state dict without the tied decoder weight gives it the
-    embeddings' table (the same tensor once loaded)."""
-    if _tied(model) and prefix + _DECODER not in state and prefix + _EMBEDDINGS in state:
-        state[prefix + _DECODER] = state[prefix + _EMBEDDINGS]
 
 
 def sinusoidal_positions(num_positions: int, dim: int) -> torch.Tensor:

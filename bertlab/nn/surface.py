@@ -227,3 +227,29 @@ class TransformersSurface:
         from bertlab.io.checkpoint import save_pretrained
 
         save_pretrained(self, directory, **kwargs)
+
+
+# The tied MLM decoder weight is the word-embedding table itself: a state dict names it once,
+# as saved folders do, so that tools writing a state dict with safetensors (which refuses two
+# names for one tensor: transformers' Trainer.save_model and its checkpoints) can save the
+# model. A state dict with or without the second name loads.
+_DECODER = "cls.predictions.decoder.weight"
+_EMBEDDINGS = "bert.embeddings.word_embeddings.weight"
+
+
+def _tied(model: TransformersSurface) -> bool:
+    decoder = model.get_output_embeddings()
+    return decoder is not None and decoder.weight is model.get_input_embeddings().weight
+
+
+def drop_tied_decoder(model: TransformersSurface, state: dict, prefix: str, meta: Any) -> None:
+    """state_dict hook: leave out the tied decoder weight (the embeddings hold it)."""
+    if _tied(model):
+        state.pop(prefix + _DECODER, None)
+
+
+def restore_tied_decoder(model: TransformersSurface, state: dict, prefix: str, *args: Any):
+    """load_state_dict hook: a state dict without the tied decoder weight gives it the
+    embeddings' table (the same tensor once loaded)."""
+    if _tied(model) and prefix + _DECODER not in state and prefix + _EMBEDDINGS in state:
+        state[prefix + _DECODER] = state[prefix + _EMBEDDINGS]
