@@ -222,3 +222,41 @@ def test_prepare_command_writes_a_corpus_the_dataset_reads(capsys, tmp_path):
     assert len(corpus) > 10 and int(corpus[0]["input_ids"][0]) == 101  # [CLS] first
     code, _, err = run(capsys, "prepare", str(sample), "-o", str(tmp_path / "c"))
     assert code == 2 and "overwrite" in err  # an existing corpus is not overwritten silently
+
+
+def test_bench_memory_reports_what_gradient_checkpointing_saves(capsys, tmp_path):
+    """The tiny preset, one repeat: both sides, with and without checkpointing; checkpointing
+    keeps less for the backward pass and leaves the gradients as they were."""
+    import json
+
+    out_file = tmp_path / "memory.json"
+    code, out, _ = run(
+        capsys,
+        "bench",
+        "memory",
+        "--model",
+        "tiny",
+        "--batch-size",
+        "4",
+        "--seq-len",
+        "64",
+        "--repeats",
+        "1",
+        "--out",
+        str(out_file),
+    )
+    assert code == 0 and "activations MB" in out
+    rows = json.loads(out_file.read_text())["results"]
+    assert [(r["side"], r["checkpointing"]) for r in rows] == [
+        ("bertlab", False),
+        ("bertlab", True),
+        ("transformers", False),
+        ("transformers", True),
+    ]
+    for off, on in (rows[0:2], rows[2:4]):
+        assert on["activation_mb"] < off["activation_mb"]
+        assert on["max_grad_difference"] < 1e-6 and on["peak_mb"] > 0
+    code, _, err = run(capsys, "bench", "memory", "--model", "tiny", "--seq-len", "600")
+    assert code == 2 and "seq_len 600 is longer than the model's max_position_embeddings" in err
+    code, _, err = run(capsys, "bench", "memory", "--batch-size", "0")
+    assert code == 2 and "batch_size must be at least 1; got 0" in err

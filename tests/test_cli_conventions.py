@@ -160,10 +160,19 @@ def bench_help(*argv: str, capsys) -> str:
 
 def test_each_bench_subcommand_has_only_its_own_options(capsys):
     options = {}
-    for name in ("speed", "tokenizer", "int8", "pretrain", "finetune"):
+    for name in ("speed", "tokenizer", "int8", "memory", "pretrain", "finetune"):
         options[name] = set(re.findall(r"(--[a-z0-9-]+)", bench_help(name, capsys=capsys)))
     assert {"--draws", "--dtypes", "--kernel", "--models", "--plot"} <= options["speed"]
     assert options["tokenizer"] == {"--help", "--model", "--data", "--repeats", "--out"}
+    assert options["memory"] == {
+        "--help",
+        "--model",
+        "--batch-size",
+        "--seq-len",
+        "--repeats",
+        "--device",
+        "--out",
+    }
     assert "--draws" not in options["int8"] and "--corpus" not in options["int8"]
     assert {"--corpus", "--eval-corpus", "--steps", "--segment"} <= options["pretrain"]
     assert {"--train", "--dev", "--seconds", "--epochs"} <= options["finetune"]

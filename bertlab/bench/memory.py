@@ -10,9 +10,9 @@ without checkpointing are compared too (largest absolute difference).
 
 from __future__ import annotations
 
-import multiprocessing
-import resource
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -66,30 +66,41 @@ def step_activations(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> 
     return sum(held.values()) + sum(inputs.values()), out
 
 
-def _peak_rss_child(directory: str, side: str, checkpointing: bool, batch: dict, queue) -> None:
-    """In a fresh process: load, one training step, report the peak resident set (MB)."""
-    torch.set_num_threads(1)
-    if side == "bertlab":
-        from bertlab.nn.heads import BertForPreTraining as cls
-    else:
-        from transformers import BertForPreTraining as cls
-    model = cls.from_pretrained(directory).train()
-    if checkpointing:
-        model.gradient_checkpointing_enable()
-    model(**batch).loss.backward()
-    queue.put(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+# One training step in a fresh interpreter; prints its peak resident set (MB).
+_CHILD = """
+import resource, sys, torch
+from bertlab.bench.memory import make_training_batch
+torch.set_num_threads(1)
+directory, side, checkpointing, batch_size, seq_len = sys.argv[1:]
+if side == "bertlab":
+    from bertlab.nn.heads import BertForPreTraining
+else:
+    from transformers import BertForPreTraining
+model = BertForPreTraining.from_pretrained(directory).train()
+if checkpointing == "on":
+    model.gradient_checkpointing_enable()
+batch = make_training_batch(model.config.vocab_size, int(batch_size), int(seq_len))
+model(**batch).loss.backward()
+try:  # this process's own high-water mark (ru_maxrss would also count the parent's at fork)
+    status = open("/proc/self/status").read()
+    print(int(status.split("VmHWM:")[1].split()[0]) / 1024)
+except (OSError, IndexError):
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+"""
 
 
-def peak_rss_mb(directory: Path, side: str, checkpointing: bool, batch: dict) -> float:
-    ctx = multiprocessing.get_context("spawn")
-    queue = ctx.Queue()
-    p = ctx.Process(
-        target=_peak_rss_child, args=(str(directory), side, checkpointing, batch, queue)
+def peak_rss_mb(
+    directory: Path, side: str, checkpointing: bool, batch_size: int, seq_len: int
+) -> float:
+    """The peak resident set (MB) of a fresh process that loads the model from ``directory``
+    and runs one training step: weights, gradients and the step's activations."""
+    args = [str(directory), side, "on" if checkpointing else "off", str(batch_size), str(seq_len)]
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD, *args], capture_output=True, text=True, check=False
     )
-    p.start()
-    value = queue.get(timeout=600)
-    p.join()
-    return value
+    if done.returncode:
+        raise RuntimeError(f"the measuring process failed:\n{done.stderr[-2000:]}")
+    return float(done.stdout.strip().splitlines()[-1])
 
 
 def bench_checkpointing(
@@ -132,7 +143,7 @@ def bench_checkpointing(
                 torch.cuda.synchronize()
                 peak = torch.cuda.max_memory_allocated() / 2**20
             else:
-                peak = peak_rss_mb(directory, side, checkpointing, batch)
+                peak = peak_rss_mb(directory, side, checkpointing, batch_size, seq_len)
             times = []
             for _ in range(repeats):
                 m.zero_grad()

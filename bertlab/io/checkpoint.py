@@ -185,6 +185,14 @@ def match_state_dict(
     return found, info
 
 
+def copy_weights(model: torch.nn.Module, found: dict[str, torch.Tensor]) -> None:
+    """Copy matched tensors (``match_state_dict``'s first result) into the model's own."""
+    with torch.no_grad():
+        own = model.state_dict()
+        for key, tensor in found.items():
+            own[key].copy_(tensor)
+
+
 # ============================================================================ load / save
 def load_pretrained(
     cls: type,
@@ -261,10 +269,7 @@ def load_pretrained(
             f"strict load of {directory} into {cls.__name__}: missing {info.missing_keys}, "
             f"unexpected {info.unexpected_keys}"
         )
-    with torch.no_grad():
-        own = model.state_dict()
-        for key, tensor in found.items():
-            own[key].copy_(tensor)
+    copy_weights(model, found)
     if wanted != torch.float32 or device is not None:
         model.to(device=device, dtype=wanted)
     reports = (

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from bertlab.io.checkpoint import match_state_dict, read_state_dict, save_pretrained
+from bertlab.io.checkpoint import copy_weights, match_state_dict, read_state_dict, save_pretrained
 from bertlab.io.tf_bundle import find_prefix
 from bertlab.io.tf_checkpoint import VOCAB, read_tf_checkpoint
 from bertlab.nn.config import BertConfig
@@ -113,10 +113,7 @@ def convert_tf_checkpoint(
             f"{prefix}: the checkpoint does not fill {cls.__name__}: missing "
             f"{info.missing_keys}, not used {info.unexpected_keys}"
         )
-    with torch.no_grad():
-        own = model.state_dict()
-        for key, tensor in found.items():
-            own[key].copy_(tensor)
+    copy_weights(model, found)
 
     guessed = do_lower_case is None and ckpt.vocab_file is not None
     if guessed:

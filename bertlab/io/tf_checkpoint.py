@@ -41,7 +41,7 @@ from bertlab.io.tf_bundle import (
     read_tensor,
     read_tf_variables,
 )
-from bertlab.nn.config import BertConfig
+from bertlab.nn.config import NETWORK_FIELDS, BertConfig
 
 __all__ = [
     "TFCheckpoint",
@@ -166,19 +166,8 @@ def required_names(config: dict[str, Any]) -> list[str]:
     return names + ["bert.pooler.dense.weight", "bert.pooler.dense.bias"]
 
 
-_CONFIG_KEYS = (
-    "vocab_size",
-    "hidden_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "intermediate_size",
-    "hidden_act",
-    "hidden_dropout_prob",
-    "attention_probs_dropout_prob",
-    "max_position_embeddings",
-    "type_vocab_size",
-    "initializer_range",
-)
+# The keys of Google's bert_config.json: the network's fields up to initializer_range.
+_CONFIG_KEYS = NETWORK_FIELDS[: NETWORK_FIELDS.index("initializer_range") + 1]
 
 
 def hf_config(bert_config: dict[str, Any], path: Path) -> dict[str, Any]:

@@ -417,13 +417,7 @@ class BertConfig:
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"no config file at {path}")
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ValueError(f"{path} is not valid JSON: {e}") from e
-        if not isinstance(data, dict):
-            raise ValueError(f"{path} must hold a JSON object, got {type(data).__name__}")
-        return cls.from_dict(data, **overrides)
+        return cls.from_dict(read_json_object(path), **overrides)
 
     def to_json_file(self, path: str | os.PathLike, use_diff: bool = True) -> None:
         self.validate()
@@ -473,19 +467,24 @@ def check_model_type(model_type: Any) -> None:
         )
 
 
+def read_json_object(path: Path) -> dict[str, Any]:
+    """A JSON file holding an object, or a ValueError naming the file and what is wrong."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not valid JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a JSON object, got {type(data).__name__}")
+    return data
+
+
 def read_config_dict(folder: Path) -> dict[str, Any]:
     """A model folder's config as a dict: config.json, or a TensorFlow checkpoint's
     bert_config.json (which names no model_type: it is BERT)."""
     for name in ("config.json", "bert_config.json"):
         path = folder / name
         if path.is_file():
-            try:
-                data = json.loads(path.read_text(encoding="utf-8"))
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise ValueError(f"{path} is not valid JSON: {e}") from e
-            if not isinstance(data, dict):
-                raise ValueError(f"{path} must hold a JSON object, got {type(data).__name__}")
-            return data
+            return read_json_object(path)
     hint = ""
     if any((folder / name).is_file() for name in ("model.safetensors", "pytorch_model.bin")):
         # What transformers' Trainer.save_model writes for a model not of its own classes.
