@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -161,3 +162,16 @@ def atomic_write(target: Path, write: Callable[[str], object]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def replace_folder(finished: Path, target: Path) -> None:
+    """Move a folder written in full (beside ``target``) into place. An existing ``target`` goes
+    only once the new one is whole: readers see the old folder or the new one."""
+    if target.exists():
+        old = target.with_name(f".{target.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        target.rename(old)
+        finished.rename(target)
+        shutil.rmtree(old)
+    else:
+        finished.rename(target)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from bertlab.files import replace_folder
 from bertlab.io.checkpoint import copy_weights, match_state_dict, read_state_dict, save_pretrained
 from bertlab.io.tf_bundle import find_prefix
 from bertlab.io.tf_checkpoint import VOCAB, read_tf_checkpoint
@@ -134,14 +135,7 @@ def convert_tf_checkpoint(
                 model_max_length=config.max_position_embeddings,
             )
             tokenizer.save_pretrained(tmp)
-        if dest.exists():
-            old = dest.with_name(f".{dest.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            dest.rename(old)
-            tmp.rename(dest)
-            shutil.rmtree(old)
-        else:
-            tmp.rename(dest)
+        replace_folder(tmp, dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

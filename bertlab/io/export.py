@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from bertlab.files import resolve_model_dir
+from bertlab.files import replace_folder, resolve_model_dir
 from bertlab.io.checkpoint import PT_BIN, PT_BIN_INDEX, SAFETENSORS, SAFETENSORS_INDEX
 from bertlab.nn.config import BertConfig
 from bertlab.nn.heads import HEADS
@@ -358,14 +358,7 @@ def export_onnx(
         for name in TOKENIZER_FILES:
             if (source / name).is_file():
                 shutil.copyfile(source / name, tmp / name)
-        if target.exists():  # overwrite: the old folder goes only once the new one is whole
-            old = target.with_name(f".{target.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            target.rename(old)
-            tmp.rename(target)
-            shutil.rmtree(old)
-        else:
-            tmp.rename(target)
+        replace_folder(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
