@@ -9,8 +9,10 @@ import json
 import os
 from typing import Any
 
+import torch
+
 from bertlab.files import HUB_KEYWORDS, resolve_model_dir
-from bertlab.nn.config import BertConfig, check_model_type
+from bertlab.nn.config import BertConfig, as_dtype, check_model_type
 from bertlab.nn.heads import (
     BertForMaskedLM,
     BertForMultipleChoice,
@@ -51,20 +53,25 @@ class _AutoModel(_Auto):
         return cls.model_class.from_pretrained(path, *args, **kwargs)
 
     @classmethod
-    def from_config(cls, config: BertConfig, **kwargs: Any) -> BertPreTrainedModel:
-        """A model with fresh weights for ``config``."""
+    def from_config(
+        cls,
+        config: BertConfig,
+        dtype: torch.dtype | str | None = None,
+        torch_dtype: torch.dtype | str | None = None,
+        attn_implementation: str | None = None,
+        **kwargs: Any,
+    ) -> BertPreTrainedModel:
+        """A model with fresh weights for ``config`` (a copy: the model's own), in ``dtype``
+        (or its older name ``torch_dtype``); ``kwargs`` go to the model class."""
         if not isinstance(config, BertConfig):
             check_model_type(getattr(config, "model_type", type(config).__name__))
             raise TypeError(f"config must be a bertlab.BertConfig, got {type(config).__name__}")
-        config = config.replace()
-        for key in ("dtype", "torch_dtype", "attn_implementation"):
-            if key in kwargs:
-                value = kwargs.pop(key)
-                if key == "attn_implementation":
-                    config.attn_implementation = value
-                    config.validate()
-        model = cls.model_class(config, **kwargs)
-        return model
+        changes = (
+            {} if attn_implementation is None else {"attn_implementation": attn_implementation}
+        )
+        model = cls.model_class(config.replace(**changes), **kwargs)
+        wanted = as_dtype(dtype if dtype is not None else torch_dtype)
+        return model if wanted is None else model.to(wanted)
 
 
 def _auto(name: str, model_class: type[BertPreTrainedModel]) -> type[_AutoModel]:

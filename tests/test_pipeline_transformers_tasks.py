@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import bertlab
+from bertlab.distributed import as_device as _device
 from bertlab.pipelines import TASKS
-from bertlab.pipelines.base import _device
 
 transformers = pytest.importorskip("transformers", reason="transformers is the reference here")
 BUNDLED = bertlab.bundled_model_dir()

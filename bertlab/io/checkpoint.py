@@ -24,9 +24,10 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from bertlab.distributed import as_device
 from bertlab.files import HUB_KEYWORDS, atomic_write, resolve_model_dir
 from bertlab.io import tf_checkpoint
-from bertlab.nn.config import BertConfig, read_config_dict
+from bertlab.nn.config import BertConfig, as_dtype, read_config_dict
 
 logger = logging.getLogger("bertlab")
 
@@ -140,13 +141,9 @@ def canonical_key(key: str) -> str:
 
 
 def _model_keys(model: torch.nn.Module) -> dict[str, str]:
-    """canonical key -> the model's own state-dict key, tied duplicates left out."""
-    keys = {}
-    for key in model.state_dict():
-        if key == "cls.predictions.decoder.weight" and model.config.tie_word_embeddings:
-            continue
-        keys[canonical_key(key)] = key
-    return keys
+    """canonical key -> the model's own state-dict key (a tied decoder weight is not one:
+    nn/surface.py leaves it out of the state dict)."""
+    return {canonical_key(key): key for key in model.state_dict()}
 
 
 def match_state_dict(
@@ -254,7 +251,7 @@ def load_pretrained(
         state_dict = tf.state_dict
     config = _config_for(directory, config, tf, attn_implementation, kwargs)
     state = read_state_dict(directory) if state_dict is None else state_dict
-    wanted = _resolve_dtype(torch_dtype if dtype is None else dtype, torch_dtype, config, state)
+    wanted = _resolve_dtype(dtype, torch_dtype, config, state)
     device = _resolve_device_map(device_map)
     config.dtype = wanted
     config.name_or_path = str(path)
@@ -318,42 +315,31 @@ def _config_for(
 
 
 def _resolve_dtype(
-    value: torch.dtype | str | None,
+    dtype: torch.dtype | str | None,
     torch_dtype: torch.dtype | str | None,
     config: BertConfig,
     state: dict[str, torch.Tensor],
 ) -> torch.dtype:
-    """from_pretrained's dtype: a torch dtype, its name, or "auto" / None (the config's dtype,
-    else the stored weights')."""
-    if torch_dtype is not None and value is not None and torch_dtype != value:
-        raise ValueError(f"dtype={value!r} and torch_dtype={torch_dtype!r} disagree; give one")
+    """from_pretrained's dtype (or its older name torch_dtype): a floating-point torch dtype,
+    its name, or "auto" / None: the config's dtype, else that of the stored weights."""
+    if dtype is not None and torch_dtype is not None and dtype != torch_dtype:
+        raise ValueError(f"dtype={dtype!r} and torch_dtype={torch_dtype!r} disagree; give one")
+    value = dtype if dtype is not None else torch_dtype
     if value is None or value == "auto":
-        if config.dtype is not None:
-            value = config.dtype
-        else:
-            stored = (t.dtype for t in state.values() if t.is_floating_point())
-            return next(stored, torch.float32)
-    if isinstance(value, str):
-        name = value.removeprefix("torch.")
-        candidate = getattr(torch, name, None)
-        if not isinstance(candidate, torch.dtype) or not candidate.is_floating_point:
-            raise ValueError(
-                f"dtype {value!r} is not a floating-point torch dtype; give one of float32, "
-                "bfloat16, float16, float64, a torch.dtype, or 'auto'"
-            )
-        return candidate
-    if not isinstance(value, torch.dtype) or not value.is_floating_point:
+        stored = (t.dtype for t in state.values() if t.is_floating_point())
+        value = config.dtype or next(stored, torch.float32)
+    found = as_dtype(value)
+    if not found.is_floating_point:
         raise ValueError(
-            f"dtype must be a floating-point torch.dtype, a name or 'auto', got {value!r}"
+            f"dtype {value!r} is not a floating-point dtype; give float32, bfloat16, float16, "
+            "float64 (a torch.dtype or its name) or 'auto'"
         )
-    return value
+    return found
 
 
 def _resolve_device_map(device_map: Any) -> torch.device | None:
     """device_map as transformers takes it, for a model that lives on one device: a device, its
     name or index, "auto" (the GPU when there is one), or {"": device}."""
-    if device_map is None:
-        return None
     if isinstance(device_map, dict):
         if set(device_map) != {""}:
             raise ValueError(
@@ -361,14 +347,11 @@ def _resolve_device_map(device_map: Any) -> torch.device | None:
                 "device: give a device, 'auto', or {'': device}"
             )
         device_map = device_map[""]
+    if device_map is None:
+        return None
     if device_map == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if isinstance(device_map, int):
-        return torch.device("cuda", device_map)
-    try:
-        return torch.device(device_map)
-    except (RuntimeError, TypeError) as e:
-        raise ValueError(f"device_map {device_map!r} is not a device: {e}") from e
+    return as_device(device_map)
 
 
 def save_pretrained(
@@ -388,10 +371,9 @@ def save_pretrained(
         raise ValueError("push_to_hub=True: bertlab never uploads; it writes the folder only")
     if not is_main_process:
         return
-    model.config.validate()
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    config = model.config.replace(architectures=(type(model).__name__,))
+    config = model.config.replace(architectures=(type(model).__name__,))  # validated: no file yet
     config.dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
     keep = set(_model_keys(model).values())
     source = model.state_dict() if state_dict is None else state_dict

@@ -105,37 +105,36 @@ def check_labels(labels: torch.Tensor, num_classes: int, name: str = "label") ->
         )
 
 
-# Keywords transformers' models take that have nothing to do in BERT's encoder. Accepted so code
-# written for those models runs; any value other than the neutral one is refused.
+# Keywords transformers' models take that have nothing to do in BERT's encoder, accepted so
+# that code written for those models runs.
 #   num_items_in_batch: passed by transformers' Trainer when a forward takes **kwargs. bertlab
 #     models set accepts_loss_kwargs = False, so the Trainer averages over accumulated batches
 #     itself; a value that arrives anyway is not needed (each loss is a mean over its batch).
-#   use_cache / past_key_values / cache_position: a decoder's cache (an encoder has none).
-#   head_mask, encoder_hidden_states, encoder_attention_mask: not part of BERT's encoder here.
-NEUTRAL_KEYWORDS = {
-    "num_items_in_batch": None,
-    "use_cache": None,
-    "past_key_values": None,
-    "cache_position": None,
-    "head_mask": None,
-    "encoder_hidden_states": None,
-    "encoder_attention_mask": None,
-}
+#   use_cache: a decoder's cache switch (an encoder has none).
+IGNORED_KEYWORDS = ("num_items_in_batch", "use_cache")
+# A decoder's cache and cross-attention inputs, and head masks: not part of BERT's encoder
+# here, so accepted only as None.
+NONE_ONLY_KEYWORDS = (
+    "past_key_values",
+    "cache_position",
+    "head_mask",
+    "encoder_hidden_states",
+    "encoder_attention_mask",
+)
 
 
 def check_forward_keywords(kwargs: dict) -> None:
     """Refuse a keyword a forward does not know, naming it and the accepted ones."""
     for key, value in kwargs.items():
-        if key not in NEUTRAL_KEYWORDS:
-            raise TypeError(
-                f"forward() got an unexpected keyword argument {key!r}; besides the inputs it "
-                f"accepts output_hidden_states, output_attentions, return_dict and (ignored) "
-                f"{', '.join(NEUTRAL_KEYWORDS)}"
-            )
-        if key in ("num_items_in_batch", "use_cache"):
-            continue  # harmless whatever their value
-        if value is not None:
+        if key in IGNORED_KEYWORDS or (key in NONE_ONLY_KEYWORDS and value is None):
+            continue
+        if key in NONE_ONLY_KEYWORDS:
             raise ValueError(
                 f"{key} is not supported by bertlab's BERT encoder (got a "
                 f"{type(value).__name__}); pass None or leave it out"
             )
+        raise TypeError(
+            f"forward() got an unexpected keyword argument {key!r}; besides the inputs it "
+            f"accepts output_hidden_states, output_attentions, return_dict and (ignored) "
+            f"{', '.join(IGNORED_KEYWORDS + NONE_ONLY_KEYWORDS)}"
+        )

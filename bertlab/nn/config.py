@@ -73,6 +73,11 @@ NETWORK_FIELDS = (
     "problem_type",
     "position_init",
 )
+# Every attribute bertlab reads; the others are a config's ``extra``, kept and written back.
+_KNOWN = frozenset(
+    {*NETWORK_FIELDS, *RUNTIME_DEFAULTS, "attn_implementation", "architectures"}
+    | {"id2label", "label2id"}
+)
 PROBLEM_TYPES = (None, "regression", "single_label_classification", "multi_label_classification")
 
 
@@ -158,9 +163,7 @@ class BertConfig:
         if id2label is None and label2id is not None:
             id2label = {int(i): name for name, i in label2id.items()}
         if id2label is not None:
-            id2label = {int(k): str(v) for k, v in id2label.items()}
-            if sorted(id2label) != list(range(len(id2label))):
-                raise ValueError(f"BertConfig.id2label keys must be 0..n-1, got {sorted(id2label)}")
+            id2label = {int(k): str(v) for k, v in id2label.items()}  # keys checked by validate
             if num_labels is not None and num_labels != len(id2label):
                 raise ValueError(
                     f"BertConfig: num_labels={num_labels} disagrees with the {len(id2label)} "
@@ -177,7 +180,7 @@ class BertConfig:
         if name == "torch_dtype":
             name = "dtype"
         if name == "dtype":
-            value = _as_dtype(value)
+            value = as_dtype(value)
         if name == "id2label" and value is not None:
             value = {int(k): v for k, v in value.items()}
             self.__dict__.pop("label2id", None)  # follows the new names unless set after
@@ -233,17 +236,7 @@ class BertConfig:
     @property
     def extra(self) -> dict[str, Any]:
         """Attributes bertlab does not use (from a config.json or set by other code)."""
-        known = (
-            set(NETWORK_FIELDS)
-            | set(RUNTIME_DEFAULTS)
-            | {
-                "attn_implementation",
-                "architectures",
-                "id2label",
-                "label2id",
-            }
-        )
-        return {k: v for k, v in self.__dict__.items() if k not in known and not k.startswith("_")}
+        return {k: v for k, v in self.__dict__.items() if k not in _KNOWN and not k.startswith("_")}
 
     # ----------------------------------------------------------------------------- checks
     def validate(self) -> None:
@@ -441,18 +434,18 @@ class BertConfig:
         return (config, {}) if return_unused else config
 
     def save_pretrained(self, directory: str | os.PathLike, **kwargs: Any) -> None:
-        self.validate()
         Path(directory).mkdir(parents=True, exist_ok=True)
         self.to_json_file(Path(directory) / "config.json")
 
 
-def _as_dtype(value: Any) -> torch.dtype | None:
-    """config.dtype as transformers holds it: a torch.dtype (config.json writes its name)."""
+def as_dtype(value: Any) -> torch.dtype | None:
+    """A dtype as transformers holds it, from a torch.dtype or its name ("bfloat16",
+    "torch.float32"); config.json writes the name."""
     if value is None or isinstance(value, torch.dtype):
         return value
     found = getattr(torch, str(value).removeprefix("torch."), None)
     if not isinstance(found, torch.dtype):
-        raise ValueError(f"BertConfig.dtype {value!r} is not a torch dtype (such as 'float32')")
+        raise ValueError(f"dtype {value!r} is not a torch dtype (such as 'float32')")
     return found
 
 

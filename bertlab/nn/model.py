@@ -267,6 +267,7 @@ class BertPreTrainedModel(TransformersSurface, nn.Module):
         super().__init__()
         if not isinstance(config, BertConfig):
             raise TypeError(f"config must be a bertlab.BertConfig, got {type(config).__name__}")
+        config.check()  # a config changed since it was built is checked before it builds a model
         self.config = config
         # a tied MLM decoder weight named once in the state dict (surface.py says why)
         self.register_state_dict_post_hook(drop_tied_decoder)
@@ -312,7 +313,7 @@ class BertPreTrainedModel(TransformersSurface, nn.Module):
 
     def tie_weights(self) -> None:
         """Share the MLM decoder's weight with the word embeddings (if the model has one)."""
-        head = getattr(getattr(self, "cls", None), "predictions", None)
+        head = self.mlm_head()
         if head is not None and self.config.tie_word_embeddings:
             head.decoder.weight = self.base_model.embeddings.word_embeddings.weight
 

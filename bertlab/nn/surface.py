@@ -75,9 +75,13 @@ class TransformersSurface:
         self.base_model.embeddings.word_embeddings = value
         self.tie_weights()
 
+    def mlm_head(self) -> nn.Module | None:
+        """The masked-LM prediction head (``cls.predictions``), None for a model without one."""
+        return getattr(getattr(self, "cls", None), "predictions", None)
+
     def get_output_embeddings(self) -> nn.Linear | None:
         """The MLM decoder (tied to the word embeddings), or None for a model without one."""
-        head = getattr(getattr(self, "cls", None), "predictions", None)
+        head = self.mlm_head()
         return None if head is None else head.decoder
 
     def set_output_embeddings(self, value: nn.Linear) -> None:
@@ -141,7 +145,7 @@ class TransformersSurface:
             new.weight[:keep] = old.weight[:keep]
         new.weight.requires_grad_(old.weight.requires_grad)
         self.base_model.embeddings.word_embeddings = new
-        head = getattr(getattr(self, "cls", None), "predictions", None)
+        head = self.mlm_head()
         if head is not None:
             bias = torch.zeros(new_num_tokens, dtype=head.bias.dtype, device=head.bias.device)
             with torch.no_grad():

@@ -30,7 +30,8 @@ from typing import Any
 
 import torch
 
-from bertlab.pipelines.base import Device, Pipeline
+from bertlab.distributed import Device
+from bertlab.pipelines.base import Pipeline
 from bertlab.pipelines.predict import (
     PIPELINES,
     AnswerPipeline,

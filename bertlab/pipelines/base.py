@@ -1,7 +1,7 @@
 """The base of every pipeline: a model folder (or model object) and its tokenizer loaded once,
-batches run without gradients, the device argument as transformers takes it, and the checks of
-options shared by the pipelines of both name sets (predict.py: bertlab's own; tasks.py:
-transformers' task names).
+batches run without gradients, the device argument as transformers takes it
+(distributed.as_device), and the checks of options shared by the pipelines of both name sets
+(predict.py: bertlab's own; tasks.py: transformers' task names).
 """
 
 from __future__ import annotations
@@ -14,38 +14,10 @@ from typing import Any
 import torch
 
 from bertlab.data.batch import pad
+from bertlab.distributed import Device, as_device
 from bertlab.files import resolve_model_dir
 from bertlab.nn.model import BertModel
 from bertlab.tokenizer import BertTokenizer
-
-Device = int | str | torch.device | None
-
-
-def _device(device: Device) -> torch.device:
-    """transformers' device argument: -1 or "cpu" the CPU, 0 (or "cuda:0") the first GPU, a
-    torch.device as it is; None the CPU."""
-    if device is None:
-        return torch.device("cpu")
-    if isinstance(device, torch.device):
-        found = device
-    elif isinstance(device, int) and not isinstance(device, bool):
-        if device < -1:
-            raise ValueError(f"device {device} is not -1 (the CPU) or a GPU index (0 or more)")
-        found = torch.device("cpu" if device == -1 else f"cuda:{device}")
-    elif isinstance(device, str):
-        try:
-            found = torch.device(device)
-        except RuntimeError:
-            raise ValueError(
-                f"device {device!r} is not a device name such as 'cpu', 'cuda' or 'cuda:0'"
-            ) from None
-    else:
-        raise TypeError(f"device must be an int, a str or a torch.device, got {device!r}")
-    if found.type == "cuda":
-        count = torch.cuda.device_count()
-        if found.index is not None and found.index >= count or count == 0:
-            raise ValueError(f"device {device!r} asked for, but this machine has {count} CUDA GPUs")
-    return found
 
 
 def _batches(items: list, size: int):
@@ -68,7 +40,7 @@ class Pipeline:
     ):
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
-        self.device, self.batch_size = _device(device), batch_size
+        self.device, self.batch_size = as_device(device), batch_size
         if isinstance(model, torch.nn.Module):
             self.directory = None
             if tokenizer is None:

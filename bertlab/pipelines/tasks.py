@@ -362,10 +362,9 @@ class QuestionAnsweringPipeline(Pipeline):
                 w, n = first + b, len(f["input_ids"])
                 window = enc.encodings[w]
                 # the context's tokens and [CLS] may answer; the rest get no probability
-                keep = torch.tensor(
-                    [s == 1 or t == self.tokenizer.cls_token_id
-                     for s, t in zip(window.sequence_ids, f["input_ids"], strict=True)]
-                )  # fmt: skip
+                cls_id = self.tokenizer.cls_token_id
+                pairs = zip(window.sequence_ids, f["input_ids"], strict=True)
+                keep = torch.tensor([s == 1 or t == cls_id for s, t in pairs])
                 start = out.start_logits[b, :n].float().cpu().masked_fill(~keep, -10000.0)
                 end = out.end_logits[b, :n].float().cpu().masked_fill(~keep, -10000.0)
                 start, end = start.softmax(-1), end.softmax(-1)  # (T,)
