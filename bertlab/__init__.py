@@ -2,6 +2,7 @@
 
 import random
 
+from bertlab import explore
 from bertlab.auto import (
     AutoConfig,
     AutoModel,
@@ -66,6 +67,7 @@ __all__ = [
     "BertTokenizerFast",
     "ModelOutput",
     "PreTrainedModel",
+    "explore",
     "pipeline",
     "set_seed",
     "BertConfig",

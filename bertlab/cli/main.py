@@ -3,6 +3,7 @@
 bertlab demo                          the bundled real checkpoint: parameters, a sentence run
 bertlab summary [SOURCE] --head H     layer-by-layer parameter table of any size and head
 bertlab inspect embeddings TEXT       the embedding layer taken apart, token by token
+bertlab explore TEXT -o page.html     a page of every layer and head for one sentence
 bertlab tokenize TEXT [--pair TEXT]   what the model receives: tokens, ids, types, offsets
 bertlab train-vocab FILES -o DIR      a WordPiece vocabulary from raw text
 bertlab prepare FILES -o DIR          raw text -> sentence-pair shards for pre-training
@@ -27,6 +28,7 @@ import torch
 
 from bertlab.cli.bench import add_bench_parsers, default_subcommand
 from bertlab.cli.convert import add_parsers as add_convert_parsers
+from bertlab.cli.explore import add_parsers as add_explore_parsers
 from bertlab.cli.export import add_parsers as add_export_parsers
 from bertlab.cli.tasks import add_task_parsers
 from bertlab.files import BUNDLED_NAMES, resolve_model_dir
@@ -398,6 +400,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_task_parsers(sub)
     add_export_parsers(sub)
     add_convert_parsers(sub)
+    add_explore_parsers(sub)
 
     add_bench_parsers(sub)
     return p
@@ -413,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
         code = args.func(args)
         sys.stdout.flush()  # a closed pipe shows here, not at exit, where it can't be caught
         return code
-    except (ValueError, FileNotFoundError, FileExistsError) as e:
+    except (ValueError, IndexError, FileNotFoundError, FileExistsError, IsADirectoryError) as e:
         print(f"{args._command}: error: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:

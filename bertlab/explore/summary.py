@@ -27,7 +27,7 @@ from bertlab.nn.model import BertModel, BertPreTrainedModel
 TIED = "tied to word_embeddings"  # the formula of a weight shared with the word embeddings: 0 new
 LEGEND = "V vocab, H hidden, P max positions, Y token types, I intermediate, K labels, L layers"
 SHAPES = "B batch, T sequence length, C choices"
-_LAYER = re.compile(r"^encoder\.layer\.(\d+)\.")
+LAYER_NAME = re.compile(r"^encoder\.layer\.(\d+)\.")
 
 
 @dataclass(frozen=True)
@@ -199,11 +199,11 @@ def parameter_table(model: BertPreTrainedModel) -> list[Row]:
 
 def _collapse(rows: list[Row]) -> list[Row]:
     """Layer 0 in full, then one subtotal row for all L layers in place of layers 1..L-1."""
-    layers = [r for r in rows if _LAYER.match(r.name)]
+    layers = [r for r in rows if LAYER_NAME.match(r.name)]
     if not layers:
         return rows
-    count = len({_LAYER.match(r.name).group(1) for r in layers})
-    first = [r for r in layers if _LAYER.match(r.name).group(1) == "0"]
+    count = len({LAYER_NAME.match(r.name).group(1) for r in layers})
+    first = [r for r in layers if LAYER_NAME.match(r.name).group(1) == "0"]
     subtotal = Row(
         f"encoder.layer.0-{count - 1} (subtotal)",
         f"× {count} layers",
@@ -214,7 +214,7 @@ def _collapse(rows: list[Row]) -> list[Row]:
         sum(r.tensors for r in layers),
     )
     start = rows.index(layers[0])
-    rest = [r for r in rows if not _LAYER.match(r.name)]
+    rest = [r for r in rows if not LAYER_NAME.match(r.name)]
     return rest[:start] + first + [subtotal] + rest[start:]
 
 

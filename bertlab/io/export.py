@@ -35,7 +35,7 @@ from torch import nn
 from bertlab.files import replace_folder, resolve_model_dir
 from bertlab.io.checkpoint import PT_BIN, PT_BIN_INDEX, SAFETENSORS, SAFETENSORS_INDEX
 from bertlab.nn.config import BertConfig
-from bertlab.nn.heads import HEADS
+from bertlab.nn.heads import HEADS, head_of
 from bertlab.nn.model import BertPreTrainedModel
 
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -304,15 +304,6 @@ def _check_source(model_dir: Path) -> dict[str, Any]:
     return data
 
 
-def _default_head(data: dict[str, Any]) -> str:
-    """The head that config.json's architectures names, or "base"."""
-    by_class = {cls.__name__: name for name, cls in HEADS.items()}
-    for arch in data.get("architectures") or ():
-        if arch in by_class:
-            return by_class[arch]
-    return "base"
-
-
 def export_onnx(
     model_dir: str | os.PathLike,
     out_dir: str | os.PathLike,
@@ -328,7 +319,7 @@ def export_onnx(
     ``overwrite``. Int8 export is not offered: quantise the ONNX file with onnxruntime's tools."""
     source = resolve_model_dir(model_dir)
     data = _check_source(source)
-    head = _default_head(data) if head is None else head
+    head = head_of(data.get("architectures")) if head is None else head
     if head not in HEADS:
         raise ValueError(f"unknown head {head!r}; choose one of {', '.join(HEADS)}")
     if not 7 <= opset <= 23:

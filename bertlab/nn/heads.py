@@ -498,3 +498,9 @@ HEADS: dict[str, type[BertPreTrainedModel]] = {
     "question-answering": BertForQuestionAnswering,
     "multiple-choice": BertForMultipleChoice,
 }
+
+
+def head_of(architectures: list[str] | tuple[str, ...] | None) -> str:
+    """The head (a key of HEADS) that a config's ``architectures`` names first, or "base"."""
+    by_class = {cls.__name__: name for name, cls in HEADS.items()}
+    return next((by_class[a] for a in architectures or () if a in by_class), "base")

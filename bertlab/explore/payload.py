@@ -1,0 +1,474 @@
+"""The explore payload: everything the page shows about one sentence, taken from one real forward
+pass of the model, as one JSON-able dict (its format: ``FORMAT``; the page's scripts read it).
+
+Nothing here re-implements the network. Forward hooks read what the model's own modules compute
+(the three embedding lookups, the sum that enters the embedding LayerNorm, each layer's query,
+key and value projections) and the model's outputs give the hidden states, the attention
+probabilities and the head's answer. What the page adds on top is arithmetic on these numbers
+that it shows step by step (q·k/√D, the softmax of a row, the LayerNorm of reference 002), and
+the tests reconcile that arithmetic with the model's own values.
+
+Tensors travel as ``{"dtype", "shape", "b64"}`` (little-endian bytes, C order). A long input is
+summarised so that the file stays small enough to open: attention rows keep their largest
+weights, vectors are stored in float16; every such step is named in ``payload["summarised"]``,
+which the page shows.
+
+Shapes: T tokens, H hidden, L layers, A heads, D = H / A, P positions, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bertlab.explore.graph import network_graph
+from bertlab.explore.summary import LAYER_NAME, LEGEND, parameter_table, symbols
+from bertlab.files import BUNDLED_NAMES, bundled_model_dir
+from bertlab.nn.heads import HEADS, MODEL_CLASSES, head_of
+from bertlab.nn.model import BertPreTrainedModel, sinusoidal_positions
+
+FORMAT = "bertlab-explore/1"
+ATTENTION_BYTES = 16 * 2**20  # full attention maps up to this size; above it, top-k per row
+TOP_K = 32  # keys kept per attention row when summarised
+VECTOR_BYTES = 32 * 2**20  # float32 vectors up to this size; above it, float16
+POSITIONS_SHOWN = 256  # at most this many positions in the position-similarity pictures
+PREDICTIONS_K = 5  # masked-LM predictions per token and layer
+
+
+# ============================================================================ arrays
+def array(t: torch.Tensor | np.ndarray, dtype: str = "f32") -> dict[str, Any]:
+    """A tensor as the payload stores it: dtype f32, f16, u16 or i32, shape, base64 bytes."""
+    kinds = {"f32": "<f4", "f16": "<f2", "u16": "<u2", "i32": "<i4"}
+    a = t.detach().cpu().float().numpy() if isinstance(t, torch.Tensor) else np.asarray(t)
+    if dtype.startswith(("u", "i")) and isinstance(t, torch.Tensor):
+        a = t.detach().cpu().numpy()
+    data = np.ascontiguousarray(a.astype(kinds[dtype]))
+    return {"dtype": dtype, "shape": list(a.shape), "b64": base64.b64encode(data).decode()}
+
+
+def unarray(a: dict[str, Any]) -> torch.Tensor:
+    """The tensor of a payload array (float arrays come back as float32)."""
+    kinds = {"f32": "<f4", "f16": "<f2", "u16": "<u2", "i32": "<i4"}
+    data = np.frombuffer(base64.b64decode(a["b64"]), dtype=kinds[a["dtype"]]).reshape(a["shape"])
+    if a["dtype"].startswith("f"):
+        return torch.from_numpy(data.astype(np.float32))
+    return torch.from_numpy(data.astype(np.int64))
+
+
+# ============================================================================ the forward pass
+class Recorder:
+    """Forward hooks that keep what named modules output (and, for some, what they received)."""
+
+    def __init__(self) -> None:
+        self.outputs: dict[str, torch.Tensor] = {}
+        self.inputs: dict[str, torch.Tensor] = {}
+        self.handles: list[torch.utils.hooks.RemovableHandle] = []
+
+    def watch(self, name: str, module: nn.Module, keep_input: bool = False) -> None:
+        def hook(_: nn.Module, args: tuple, out: torch.Tensor) -> None:
+            self.outputs[name] = out.detach()
+            if keep_input:
+                self.inputs[name] = args[0].detach()
+
+        self.handles.append(module.register_forward_hook(hook))
+
+    def close(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+def run(model: BertPreTrainedModel, batch: dict[str, torch.Tensor]) -> tuple[Any, Recorder, dict]:
+    """The model's forward pass on one sequence (1, T) with hidden states and attentions, the
+    hooked values, and the graph of the modules it called."""
+    base = model.base_model
+    rec = Recorder()
+    emb = base.embeddings
+    rec.watch("word", emb.word_embeddings)
+    rec.watch("position", emb.position_embeddings)
+    rec.watch("segment", emb.token_type_embeddings)
+    rec.watch("embedding_norm", emb.LayerNorm, keep_input=True)
+    for n, layer in enumerate(base.encoder.layer):
+        for part in ("query", "key", "value"):
+            rec.watch(f"{part}.{n}", getattr(layer.attention.self, part))
+    if isinstance(model, MODEL_CLASSES["BertForMultipleChoice"]):  # choices: (1, C=1, T)
+        batch = {k: v[:, None] for k, v in batch.items()}
+    try:
+        with torch.no_grad():
+            graph, out = network_graph(
+                model,
+                batch,
+                lambda: model(**batch, output_hidden_states=True, output_attentions=True),
+            )
+    finally:
+        rec.close()
+    return out, rec, graph
+
+
+# ============================================================================ the payload
+def build_payload(
+    model: BertPreTrainedModel,
+    tokenizer: Any,
+    text: str,
+    pair: str | None = None,
+    *,
+    truncate: bool = False,
+    path: str | None = None,
+) -> dict[str, Any]:
+    """The payload for ``text`` (and ``pair``, segment B) through ``model`` (any head).
+
+    The text must not be empty; over the model's positions it is refused, naming both
+    numbers, unless ``truncate`` (then the page says how many tokens were dropped)."""
+    check_text(text, "text")
+    if pair is not None:
+        check_text(pair, "pair")
+    config = model.config
+    limit = config.max_position_embeddings
+    full = tokenizer(text, pair, add_special_tokens=True)
+    n = len(full["input_ids"])
+    truncated = None
+    if n > limit:
+        if not truncate:
+            raise ValueError(
+                f"the input is {n} tokens long; this model reads at most {limit} "
+                "(max_position_embeddings): shorten it, or pass truncate=True (--truncate) to "
+                f"keep the first {limit}"
+            )
+        truncated = {"tokens": n, "kept": limit, "limit": limit}
+    enc = tokenizer(
+        text,
+        pair,
+        truncation=truncated is not None,
+        max_length=limit,
+        return_offsets_mapping=True,
+        return_tensors="pt",
+    )
+    ids, types = enc["input_ids"], enc["token_type_ids"]
+    batch = {"input_ids": ids, "token_type_ids": types, "attention_mask": enc["attention_mask"]}
+    was_training = model.training
+    model.eval()
+    try:
+        out, rec, graph = run(model, batch)
+    finally:
+        model.train(was_training)
+
+    summarised: list[str] = []
+    T, L = ids.shape[1], config.num_hidden_layers
+    vector_floats = T * config.hidden_size * (6 + 3 * L + 1)
+    vec = "f32"
+    if vector_floats * 4 > VECTOR_BYTES:
+        vec = "f16"
+        summarised.append(
+            f"Vectors are stored in float16 ({T} tokens × {config.hidden_size} dimensions × "
+            f"{L} layers would take {vector_floats * 4 / 2**20:.0f} MB in float32), so "
+            "numbers recomputed on the page agree with the model to about 1e-3."
+        )
+    payload = {
+        "format": FORMAT,
+        "model": describe_model(model, path),
+        "text": text,
+        "pair": pair,
+        "truncated": truncated,
+        "summarised": summarised,
+        "tokens": token_rows(tokenizer, enc),
+        "embeddings": embedding_parts(model, rec, vec),
+        "layers": layer_parts(model, out, rec, vec, summarised),
+        "predictions": predictions(model, out),
+        "output": head_output(model, out, enc, tokenizer, text, pair),
+        "parameters": parameters(model),
+        "graph": graph,
+    }
+    fill_strings(payload, tokenizer.convert_ids_to_tokens)
+    if truncated:
+        summarised.insert(0, f"The input was {n} tokens; the first {limit} are shown.")
+    return payload
+
+
+def check_text(text: Any, what: str) -> None:
+    if not isinstance(text, str):
+        raise TypeError(f"{what} must be a string, got {type(text).__name__}")
+    if not text.strip():
+        raise ValueError(f"{what} is empty: give at least one word to explore")
+
+
+def describe_model(model: BertPreTrainedModel, path: str | None) -> dict[str, Any]:
+    c = model.config
+    if path is None:
+        name = f"a {type(model).__name__} object"
+    elif Path(path) == bundled_model_dir():
+        name = f"{BUNDLED_NAMES[1]} (bundled)"
+    else:
+        name = Path(path).name
+    head = next((h for h, cls in HEADS.items() if type(model) is cls), None)
+    if head is None:  # a subclass: the head of the class it derives from
+        head = head_of([k.__name__ for k in type(model).__mro__])
+    return {
+        "path": str(path) if path else None,
+        "name": name,
+        "class": type(model).__name__,
+        "head": head,
+        "layers": c.num_hidden_layers,
+        "heads": c.num_attention_heads,
+        "hidden": c.hidden_size,
+        "head_dim": c.hidden_size // c.num_attention_heads,
+        "intermediate": c.intermediate_size,
+        "vocab": c.vocab_size,
+        "max_positions": c.max_position_embeddings,
+        "type_vocab": c.type_vocab_size,
+        "layer_norm_eps": c.layer_norm_eps,
+        "hidden_act": c.hidden_act,
+        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+    }
+
+
+def token_rows(tokenizer: Any, enc: Any) -> list[dict[str, Any]]:
+    """One row per token: piece, id, segment, the characters it came from, the word it is in."""
+    ids = enc["input_ids"][0].tolist()
+    segments = enc["token_type_ids"][0].tolist()
+    offsets = enc["offset_mapping"][0].tolist()
+    words = enc.word_ids(0)
+    pieces = tokenizer.convert_ids_to_tokens(ids)
+    special = set(tokenizer.all_special_ids)
+    mask_id = tokenizer.mask_token_id
+    rows = []
+    for i, (piece, id_, seg, (start, end), word) in enumerate(
+        zip(pieces, ids, segments, offsets, words, strict=True)
+    ):
+        is_special = id_ in special and word is None
+        rows.append(
+            {
+                "i": i,
+                "token": piece,
+                "id": id_,
+                "segment": seg,
+                "special": is_special,
+                "start": None if is_special else start,
+                "end": None if is_special else end,
+                "word": word,
+                "masked": id_ == mask_id,
+            }
+        )
+    return rows
+
+
+def embedding_parts(model: BertPreTrainedModel, rec: Recorder, vec: str) -> dict[str, Any]:
+    """The embedding layer taken apart (reference 002): the three lookups, their sum, the
+    LayerNorm's statistics and parameters, and its output, all as the model computed them."""
+    norm = model.base_model.embeddings.LayerNorm
+    summed = rec.inputs["embedding_norm"][0]  # (T, H): what entered LayerNorm
+    mean = summed.mean(-1)
+    var = summed.var(-1, unbiased=False)
+    P = model.config.max_position_embeddings
+    table = model.base_model.embeddings.position_embeddings.weight.detach().float()
+    shown = torch.arange(0, P, math.ceil(P / POSITIONS_SHOWN))
+    learned, sinusoid = table[shown], sinusoidal_positions(P, table.shape[1])[shown]
+    return {
+        "word": array(rec.outputs["word"][0], vec),
+        "position": array(rec.outputs["position"].reshape(summed.shape), vec),
+        "segment": array(rec.outputs["segment"].reshape(summed.shape), vec),
+        "sum": array(summed, vec),
+        "mean": array(mean),
+        "var": array(var),
+        "gamma": array(norm.weight),
+        "beta": array(norm.bias),
+        "eps": norm.eps,
+        "output": array(rec.outputs["embedding_norm"][0], vec),
+        "positions": {
+            "index": array(shown, "i32"),
+            "learned_similarity": array(cosine_matrix(learned)),
+            "sinusoid_similarity": array(cosine_matrix(sinusoid)),
+            "learned": array(learned[:, :64]),
+            "sinusoid": array(sinusoid[:, :64]),
+        },
+    }
+
+
+def cosine_matrix(x: torch.Tensor) -> torch.Tensor:
+    """(N, H) -> (N, N) cosine similarities."""
+    x = F.normalize(x.float(), dim=-1)
+    return x @ x.T
+
+
+def layer_parts(
+    model: BertPreTrainedModel, out: Any, rec: Recorder, vec: str, summarised: list[str]
+) -> dict[str, Any]:
+    """Hidden states, queries, keys, attention (full or top-k), the value-weighted norms, and
+    how each token's vector moves through the layers."""
+    c = model.config
+    L, A = c.num_hidden_layers, c.num_attention_heads
+    D = c.hidden_size // A
+    hidden = torch.stack([h[0] for h in out.hidden_states]).float()  # (L+1, T, H)
+    attention = torch.stack([a.reshape(a.shape[-3:]) for a in out.attentions]).float()  # (L,A,T,T)
+    T = attention.shape[-1]
+    query = torch.stack([rec.outputs[f"query.{n}"].reshape(T, -1) for n in range(L)])
+    key = torch.stack([rec.outputs[f"key.{n}"].reshape(T, -1) for n in range(L)])
+    value = torch.stack([rec.outputs[f"value.{n}"].reshape(T, -1) for n in range(L)])
+    layers = model.base_model.encoder.layer
+    # ||v_j^h W_O^h||: what token j passes on through head h before it is weighted (Kobayashi
+    # et al. 2020, "Attention is not only a weight"); W_O^h is head h's block of W_O's columns.
+    norms = torch.empty(L, A, T)
+    for n, layer in enumerate(layers):
+        w_o = layer.attention.output.dense.weight.detach().float()  # (H, H): y = x W_O^T
+        for h in range(A):
+            block = slice(h * D, (h + 1) * D)
+            norms[n, h] = (value[n][:, block].float() @ w_o[:, block].T).norm(dim=-1)
+    if attention.numel() * 4 <= ATTENTION_BYTES:
+        stored: dict[str, Any] = array(attention)
+    else:
+        k = min(TOP_K, T)
+        top = attention.topk(k, dim=-1)
+        stored = {
+            "topk": k,
+            "index": array(top.indices.to(torch.int32), "u16"),
+            "value": array(top.values),
+            "rest": array((1 - top.values.sum(-1)).clamp(min=0)),
+        }
+        kept = float(top.values.sum(-1).mean())
+        summarised.append(
+            f"Attention keeps the {k} largest weights of each row (on average {kept:.1%} of "
+            f"the row); the full maps ({L} × {A} × {T} × {T}) would take "
+            f"{attention.numel() * 4 / 2**20:.0f} MB. The worked example recomputes any pair "
+            "from the stored queries and keys."
+        )
+    unit = F.normalize(hidden, dim=-1)
+    self_sim = (unit * unit[0:1]).sum(-1)  # (L+1, T)
+    pairwise = unit @ unit.transpose(1, 2)  # (L+1, T, T)
+    others = (pairwise.sum(-1) - pairwise.diagonal(dim1=1, dim2=2)) / max(T - 1, 1)
+    return {
+        "hidden": array(hidden, vec),
+        "query": array(query, vec),
+        "key": array(key, vec),
+        "mask": array(torch.zeros(T)),  # one sequence, no padding: every key is visible
+        "scale": D**-0.5,
+        "attention": stored,
+        "value_norm": array(norms),
+        "self_similarity": array(self_sim),
+        "mean_similarity": array(others),
+    }
+
+
+def predictions(model: BertPreTrainedModel, out: Any) -> dict[str, Any] | None:
+    """A masked-LM model's head read at every layer: the top pieces for every position."""
+    head = model.mlm_head()
+    if head is None:
+        return None
+    with torch.no_grad():
+        logits = torch.stack([head(h)[0] for h in out.hidden_states])  # (L+1, T, V)
+    top = logits.float().softmax(-1).topk(PREDICTIONS_K, dim=-1)
+    return {
+        "k": PREDICTIONS_K,
+        "token": array(top.indices.to(torch.int32), "i32"),
+        "prob": array(top.values),
+        "strings": {},  # filled by the caller, who has the tokenizer
+    }
+
+
+def head_output(
+    model: BertPreTrainedModel, out: Any, enc: Any, tokenizer: Any, text: str, pair: str | None
+) -> dict[str, Any]:
+    """What the head answers for this input: the model's own output, formatted."""
+    name = next((h for h, cls in HEADS.items() if isinstance(model, cls)), "base")
+    labels = [model.config.id2label.get(i, f"LABEL_{i}") for i in range(model.config.num_labels)]
+
+    def nsp(logits: torch.Tensor) -> dict[str, Any]:
+        return {"labels": ["is next", "not next"], "probs": logits[0].softmax(-1).tolist()}
+
+    if name == "sequence-classification":
+        logits = out.logits[0].float()
+        return {
+            "kind": name,
+            "labels": labels,
+            "probs": logits.softmax(-1).tolist(),
+            "logits": logits.tolist(),
+        }
+    if name == "token-classification":
+        probs = out.logits[0].float().softmax(-1)
+        best = probs.max(-1)
+        return {
+            "kind": name,
+            "labels": labels,
+            "per_token": best.indices.tolist(),
+            "probs": best.values.tolist(),
+        }
+    if name == "question-answering":
+        return {"kind": name, **best_span(out, enc, text, pair)}
+    if name == "pretraining":
+        return {"kind": name, "nsp": nsp(out.seq_relationship_logits.float())}
+    if name == "nsp":
+        return {"kind": name, "nsp": nsp(out.logits.float())}
+    if name == "masked-lm":
+        return {"kind": name}
+    pooled = getattr(out, "pooler_output", None)
+    return {"kind": "base", "pooled_norm": None if pooled is None else float(pooled[0].norm())}
+
+
+def best_span(out: Any, enc: Any, text: str, pair: str | None, longest: int = 30) -> dict:
+    """The highest start + end logit over spans of non-special tokens in the context (the pair
+    when there is one, as in question + context), at most ``longest`` tokens long."""
+    start, end = out.start_logits[0].float(), out.end_logits[0].float()
+    words = enc.word_ids(0)
+    segment = enc["token_type_ids"][0]
+    context = 1 if pair is not None else 0
+    ok = torch.tensor([w is not None for w in words]) & (segment == context)
+    score = start[:, None] + end[None, :]
+    T = score.shape[0]
+    i, j = torch.meshgrid(torch.arange(T), torch.arange(T), indexing="ij")
+    allowed = ok[:, None] & ok[None, :] & (j >= i) & (j - i < longest)
+    if not bool(allowed.any()):
+        best = None
+    else:
+        flat = int(score.masked_fill(~allowed, -math.inf).argmax())
+        s, e = divmod(flat, T)
+        offsets = enc["offset_mapping"][0].tolist()
+        source = pair if pair is not None else text
+        best = {
+            "start": s,
+            "end": e,
+            "score": float(score[s, e]),
+            "text": source[offsets[s][0] : offsets[e][1]],
+        }
+    return {"start": array(start), "end": array(end), "best": best}
+
+
+def parameters(model: BertPreTrainedModel) -> dict[str, Any]:
+    """The rows of ``bertlab summary``, with the layer each belongs to."""
+    rows = parameter_table(model)
+    out = []
+    for r in rows:
+        m = LAYER_NAME.match(r.name)
+        out.append(
+            {
+                "name": r.name,
+                "kind": r.kind,
+                "output_shape": r.output_shape,
+                "params": r.params,
+                "formula": r.formula,
+                "trainable": r.trainable,
+                "tensors": r.tensors,
+                "layer": int(m.group(1)) if m else None,
+            }
+        )
+    return {
+        "rows": out,
+        "total": sum(r.params for r in rows),
+        "trainable": sum(r.trainable for r in rows),
+        "tensors": sum(r.tensors for r in rows),
+        "legend": LEGEND,
+        "symbols": symbols(model.config),
+    }
+
+
+def fill_strings(payload: dict[str, Any], convert: Callable[[list[int]], list[str]]) -> None:
+    """Name every predicted id of ``payload["predictions"]`` with its piece."""
+    pred = payload["predictions"]
+    if pred is None:
+        return
+    ids = sorted(set(unarray(pred["token"]).flatten().tolist()))
+    pred["strings"] = dict(zip(map(str, ids), convert(ids), strict=True))
