@@ -23,6 +23,9 @@ import bertlab
 from bertlab import (
     BertConfig,
     BertForMaskedLM,
+    BertForMultipleChoice,
+    BertForNextSentencePrediction,
+    BertForPreTraining,
     BertForQuestionAnswering,
     BertForSequenceClassification,
     BertForTokenClassification,
@@ -228,6 +231,9 @@ def test_the_graph_holds_every_module_that_ran_and_every_parameter_once(explored
         (BertForTokenClassification, "token-classification"),
         (BertForQuestionAnswering, "question-answering"),
         (BertModel, "base"),
+        (BertForPreTraining, "pretraining"),
+        (BertForNextSentencePrediction, "nsp"),
+        (BertForMultipleChoice, "multiple-choice"),
     ],
 )
 def test_the_head_output_is_the_models_own(cls, kind, tokenizer):
@@ -237,8 +243,16 @@ def test_the_head_output_is_the_models_own(cls, kind, tokenizer):
     )
     out = page.payload["output"]
     assert out["kind"] == kind and page.payload["model"]["head"] == kind
-    assert page.payload["predictions"] is None  # no masked-LM head
-    _, ref = reference(model, tokenizer, "Who sat on the mat?", "The cat sat on the mat.")
+    has_mlm = kind == "pretraining"
+    assert (page.payload["predictions"] is not None) == has_mlm  # a masked-LM head or not
+    question, context = "Who sat on the mat?", "The cat sat on the mat."
+    if kind == "multiple-choice":
+        enc = tokenizer(question, context, return_tensors="pt")
+        with torch.no_grad():
+            logits = model(**{k: v[:, None] for k, v in enc.items()}).logits
+        assert out["score"] == pytest.approx(float(logits[0, 0]), abs=1e-6)
+        return
+    _, ref = reference(model, tokenizer, question, context)
     if kind == "sequence-classification":
         assert torch.allclose(torch.tensor(out["probs"]), ref.logits[0].softmax(-1), atol=1e-6)
         assert out["labels"] == ["LABEL_0", "LABEL_1", "LABEL_2"]
@@ -251,6 +265,9 @@ def test_the_head_output_is_the_models_own(cls, kind, tokenizer):
         score = ref.start_logits[0, best["start"]] + ref.end_logits[0, best["end"]]
         assert best["score"] == pytest.approx(float(score), abs=1e-5)
         assert best["text"] in "The cat sat on the mat."
+    elif kind in ("pretraining", "nsp"):
+        logits = ref.seq_relationship_logits if kind == "pretraining" else ref.logits
+        assert torch.allclose(torch.tensor(out["nsp"]["probs"]), logits[0].softmax(-1), atol=1e-6)
     else:
         assert out["pooled_norm"] == pytest.approx(float(ref.pooler_output[0].norm()), rel=1e-6)
 

@@ -405,6 +405,8 @@ def head_output(
         return {"kind": name, "nsp": nsp(out.logits.float())}
     if name == "masked-lm":
         return {"kind": name}
+    if name == "multiple-choice":  # one text is one choice: its score, with nothing to compare
+        return {"kind": name, "score": float(out.logits.reshape(-1)[0])}
     pooled = getattr(out, "pooler_output", None)
     return {"kind": "base", "pooled_norm": None if pooled is None else float(pooled[0].norm())}
 
