@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import secrets
 import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -151,9 +151,10 @@ def resolve_model_dir(
 
 def atomic_write(target: Path, write: Callable[[str], object]) -> None:
     """``write(path)`` into a temporary file beside ``target``, fsync it, then rename it over
-    ``target``: readers see the old file or the new one, never half of one."""
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    os.close(fd)
+    ``target``: readers see the old file or the new one, never half of one. The file gets the
+    permissions of any new file (0666 less the umask), not the temporary file's 0600."""
+    tmp = str(target.parent / f".{target.name}.{secrets.token_hex(6)}.tmp")
+    os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))  # the umask applies
     try:
         write(tmp)
         with open(tmp, "rb") as f:

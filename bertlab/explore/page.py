@@ -253,19 +253,20 @@ def export_png(
             page_file.as_uri() + "#export",
         ]
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
-    start = done.stdout.find('<pre id="bertlab-export"')
+    start = done.stdout.rfind('<pre id="bertlab-export"')  # appended last to <body>
     if done.returncode != 0 or start < 0:
         raise RuntimeError(
             f"{exe} did not draw the views (exit {done.returncode}): {done.stderr.strip()[-500:]}"
         )
     body = done.stdout[done.stdout.index(">", start) + 1 : done.stdout.index("</pre>", start)]
     images = json.loads(html.unescape(body))
+    prefix = "data:image/png;base64,"
+    missing = [view for view, url in images.items() if not (url or "").startswith(prefix)]
+    if missing:
+        raise RuntimeError(f"the page drew no PNG for the views {missing}")
     out.mkdir(exist_ok=True)
     written = []
     for view, url in images.items():
-        prefix = "data:image/png;base64,"
-        if not url.startswith(prefix):
-            raise RuntimeError(f"the page gave no PNG for the view {view!r}")
         target = out / f"{view}.png"
         data = base64.b64decode(url[len(prefix) :])
         atomic_write(target, lambda tmp, data=data: Path(tmp).write_bytes(data))
