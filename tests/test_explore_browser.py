@@ -347,3 +347,27 @@ def test_serve_mode_draws_a_new_sentence_and_shows_errors_as_text(opened):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_the_command_saves_every_view_as_png(tmp_path):
+    """bertlab explore --png: the page's own export code, run in headless Chromium."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "views"
+    done = subprocess.run(
+        [sys.executable, "-m", "bertlab", "explore", "A [MASK] sat here.", "--png", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "BERTLAB_CHROMIUM": CHROMIUM},
+    )
+    assert done.returncode == 0, done.stderr
+    names = sorted(p.name for p in out.iterdir())
+    assert names == sorted(
+        f"{v}.png"
+        for v in ("tokens", "embeddings", "attention", "worked", "layers", "parameters", "output")
+    )
+    for p in out.iterdir():
+        data = p.read_bytes()
+        assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 1024

@@ -427,6 +427,8 @@ def test_the_command_writes_the_page_and_refuses_bad_paths_before_work(tmp_path)
         (("", "-o", str(out)), "text is empty"),
         (("text",), "-o page.html, --png DIR, or --serve"),
         (("text", "-o", str(out), "--layer", "6"), "layer 6 is out of range"),
+        (("text", "--png", str(tmp_path / "v"), "--browser", "/no/chromium"), "no browser at"),
+        (("text", "--png", str(tmp_path / "a" / "b")), "does not exist"),
     ):
         done = cli(*args)
         assert done.returncode == 2 and message in done.stderr, (args, done.stderr)

@@ -50,3 +50,20 @@ def test_the_use_it_examples_run_as_written(monkeypatch):
     assert len(scope["extract"]("a gorgeous film")[0]) == 5
     assert scope["tf_model"].config.hidden_size == 32
     assert isinstance(scope["hub_model"], torch.nn.Module)
+
+
+def test_the_explore_example_runs_as_written(monkeypatch, tmp_path):
+    """The Python block of "See inside", run in an empty folder, writes the page and gives what
+    its comments say."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## See inside", 1)[1].split("\n## ", 1)[0]
+    (block,) = [b.split("```", 1)[0] for b in section.split("```python\n")[1:]]
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(compile(block, "README.md", "exec"), scope)
+    assert (tmp_path / "page.html").stat().st_size > 100_000
+    assert scope["page"].tokens[:4] == ["[CLS]", "the", "cat", "sat"]
+    assert tuple(scope["page"].attention(layer=0, head=3).shape) == (14, 14)
+    for name in ("tokens", "embeddings", "attention", "worked", "layers", "parameters"):
+        assert f"(docs/explore/{name}.png)" in section
+        assert (ROOT / "docs" / "explore" / f"{name}.png").stat().st_size > 10_000

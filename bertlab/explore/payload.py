@@ -131,7 +131,7 @@ def build_payload(
         check_text(pair, "pair")
     config = model.config
     limit = config.max_position_embeddings
-    full = tokenizer(text, pair, add_special_tokens=True)
+    full = tokenizer(text, pair, verbose=False)  # counted, not yet cut: no warning
     n = len(full["input_ids"])
     truncated = None
     if n > limit:
