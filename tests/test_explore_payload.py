@@ -479,6 +479,11 @@ def test_serve_gives_the_page_and_payloads_and_4xx_for_bad_requests(server):
     assert status == 200 and json.loads(reply)["truncated"]["kept"] == 512
     status, reply = request(server + "/elsewhere")
     assert status == 404
+    req = urllib.request.Request(server + "/api/explore", data=b"{}", method="POST")
+    req.add_unredirected_header("Content-Length", "-3")
+    with pytest.raises(urllib.error.HTTPError) as bad:
+        urllib.request.urlopen(req, timeout=60)
+    assert bad.value.code == 400
 
 
 def test_render_html_refuses_a_template_without_markers(monkeypatch, explored):

@@ -62,7 +62,13 @@ def make_handler(explorer: Explorer, first: dict[str, Any]) -> type[BaseHTTPRequ
             if self.path != "/api/explore":
                 self.error(404, f"nothing to post to at {self.path}; post to /api/explore")
                 return
-            length = int(self.headers.get("Content-Length") or 0)
+            try:
+                length = int(self.headers.get("Content-Length") or 0)
+            except ValueError:
+                length = -1
+            if length < 0:
+                self.error(400, "the request needs a Content-Length of 0 or more bytes")
+                return
             if length > MAX_BODY:
                 self.error(413, f"the request is {length} bytes; the limit is {MAX_BODY}")
                 return
