@@ -371,3 +371,31 @@ def test_the_command_saves_every_view_as_png(tmp_path):
     for p in out.iterdir():
         data = p.read_bytes()
         assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 1024
+
+
+def test_a_fully_summarised_payload_float16_and_top_k_draws_and_reconciles(
+    opened, tiny, tmp_path, monkeypatch
+):
+    """The storage a long input of a large model gets (float16 vectors, top-k attention rows),
+    forced on the small model: the page decodes float16 itself and its worked example agrees
+    with the stored weight to float16's precision."""
+    from bertlab.explore import payload as payload_module
+
+    monkeypatch.setattr(payload_module, "VECTOR_BYTES", 0)
+    monkeypatch.setattr(payload_module, "ATTENTION_BYTES", 0)
+    model, tok = tiny
+    ex = bertlab.explore("The cat sat on the [MASK].", "It was warm.", model=model, tokenizer=tok)
+    layers = ex.payload["layers"]
+    assert layers["hidden"]["dtype"] == "f16" and "topk" in layers["attention"]
+    assert len(ex.payload["summarised"]) == 2
+    o = opened(ex.save(tmp_path / "f16.html"))
+    check_drawn(o, ex.payload)
+    assert o.page.inner_text("#bertlab-notes").count("float16") == 1
+    T = len(ex.payload["tokens"])
+    top = int(unarray(layers["attention"]["index"])[1, 2, 2, 0])  # stored: the row's largest
+    shown = click_pair(o.page, 1, 2, 2, top)
+    stored = float(attention_of(ex.payload)[1, 2, 2, top])
+    assert float(shown["weight"]) == pytest.approx(stored, abs=1e-8)
+    assert shown["recomputed"] == pytest.approx(stored, abs=2e-3)
+    assert T > top >= 0
+    o.clean()

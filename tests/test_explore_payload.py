@@ -493,3 +493,17 @@ def test_render_html_refuses_a_template_without_markers(monkeypatch, explored):
     with pytest.raises(RuntimeError, match="lost its"):
         render_html(explored.payload)
     assert isinstance(explored, Exploration)
+
+
+def test_float16_vectors_still_give_the_weights_to_their_precision(mlm, tokenizer, monkeypatch):
+    from bertlab.explore import payload as payload_module
+
+    monkeypatch.setattr(payload_module, "VECTOR_BYTES", 0)
+    page = bertlab.explore(TEXT, model=mlm, tokenizer=tokenizer)
+    layers = page.payload["layers"]
+    assert {layers[k]["dtype"] for k in ("hidden", "query", "key")} == {"f16"}
+    assert "float16" in page.payload["summarised"][0]
+    q, k = unarray(layers["query"])[2], unarray(layers["key"])[2]
+    weights = (q[:, 8:16] @ k[:, 8:16].T * layers["scale"]).softmax(-1)
+    assert (weights - page.attention(2, 1)).abs().max() <= 2e-3
+    assert layers["attention"]["dtype"] == "f32"  # small enough to stay whole and exact
