@@ -5,6 +5,7 @@ bertlab bench speed [WORKLOAD ...]     the suite: tokenizer, int8 and the networ
 bertlab bench tokenizer                batch tokenization throughput
 bertlab bench int8                     int8 dynamic quantisation: speed and accuracy cost
 bertlab bench memory                   what gradient checkpointing saves in a training step
+bertlab bench runtimes                 bertlab against ONNX Runtime, OpenVINO and transformers
 bertlab bench pretrain                 one pre-training run on each side
 bertlab bench finetune TASK            one fine-tuning run on each side, same time budget
 
@@ -26,7 +27,7 @@ import torch
 
 from bertlab.files import BUNDLED_NAMES
 
-SUBCOMMANDS = ("speed", "tokenizer", "int8", "memory", "pretrain", "finetune")
+SUBCOMMANDS = ("speed", "tokenizer", "int8", "memory", "runtimes", "pretrain", "finetune")
 DEFAULT = "speed"  # what `bertlab bench` runs when no subcommand is named
 INTERRUPTED = 130  # the exit status of a run stopped by Ctrl-C (128 + SIGINT)
 
@@ -169,6 +170,29 @@ def cmd_bench_memory(args: argparse.Namespace) -> int:
     )
     print(format_memory(report))
     return _finish(args, report, None)
+
+
+def cmd_bench_runtimes(args: argparse.Namespace) -> int:
+    from bertlab.bench.runtimes import SYSTEMS, WORKLOADS, bench_runtimes, markdown_table, plot
+
+    if args.plot and not Path(args.plot).parent.is_dir():
+        raise FileNotFoundError(f"--plot {args.plot}: the folder does not exist")
+    report = bench_runtimes(
+        args.model,
+        args.data,
+        systems=tuple(_csv(args.systems)) if args.systems else SYSTEMS,
+        workloads=tuple(_csv(args.workloads)) if args.workloads else WORKLOADS,
+        repeats=args.repeats,
+        threads=args.threads,
+        progress=lambda line: print(line, file=sys.stderr, flush=True),
+    )
+    m = report["machine"]
+    print(f"{m['cpu']}, {report['threads']} threads; {report['texts']}")
+    print("real tokens/s relative to transformers float32 (mean embedding cosine to float32)")
+    print(markdown_table(report))
+    for name, why in report["unavailable"].items():
+        print(f"{name}: not run: {why}")
+    return _finish(args, report, lambda path: plot(report, path))
 
 
 def _finish(args: argparse.Namespace, report: dict, draw: Callable[[str], None] | None) -> int:
@@ -346,6 +370,29 @@ def add_bench_parsers(sub: argparse._SubParsersAction) -> None:
     mem.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where to run")
     common(mem, plot=False)
     mem.set_defaults(func=cmd_bench_memory)
+
+    rt = what.add_parser(
+        "runtimes",
+        help="bertlab against ONNX Runtime, OpenVINO and transformers, one process",
+        description="Every system on the same weights, sentences, batches and threads, in "
+        "alternating rounds: real tokens/s relative to transformers float32, and each "
+        "system's embedding cosine and nearest-neighbour agreement with bertlab float32. "
+        "A peer that is not installed is reported by name (pip install 'bertlab[runtimes]').",
+    )
+    rt.add_argument("--model", default=BUNDLED_NAMES[0], help="a model folder")
+    rt.add_argument(
+        "--data",
+        metavar="DIR",
+        help="a data folder holding conll2003/train.txt (default: the bundled SST-2 sample)",
+    )
+    rt.add_argument("--systems", help="comma-separated (default: all)")
+    rt.add_argument(
+        "--workloads", help="comma-separated: file-order, sorted, batch-1 (default: all)"
+    )
+    rt.add_argument("--threads", type=int, help="threads for every system (default: torch's)")
+    rt.add_argument("--repeats", type=int, default=5, help="timed rounds")
+    common(rt)
+    rt.set_defaults(func=cmd_bench_runtimes)
 
     pre = what.add_parser("pretrain", help="one pre-training run on each side")
     pre.add_argument("--corpus", required=True, help="prepared corpus to train on")

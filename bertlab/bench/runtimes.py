@@ -1,0 +1,376 @@
+"""``bertlab bench runtimes``: bertlab against the runtimes a user would deploy instead, in one
+process, on the same weights, texts, batches and thread count.
+
+Systems: bertlab (float32, bfloat16, int8), transformers (float32, SDPA), ONNX Runtime (float32
+with its BERT graph optimizer; int8 with dynamic per-channel weights) and OpenVINO (f32 and
+bf16 precision hints), the last two reading one ONNX file written by ``bertlab export onnx``.
+A peer that is not installed, or a precision the machine cannot run, is reported as such by
+name; nothing falls back silently.
+
+Workloads, fixed before any result: real sentences (CoNLL-2003 news from ``--data``, else the
+bundled SST-2 sample), tokenized to at most 128 tokens,
+* ``file-order``: batches of 32 in the order of the file (much padding),
+* ``sorted``: the same texts sorted by length, batches of 32 (what a serving batcher does),
+* ``batch-1``: one sentence at a time, the first 64 texts.
+Every system returns sentence embeddings (the mean of the last hidden states over real tokens,
+normalised); their cosine to bertlab float32's is the quality figure, with the share of texts
+whose nearest other text stays the same. Speed is real tokens per second (padding not counted),
+medians over alternating rounds, relative to transformers float32.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from bertlab.bench.speed import SAMPLES, alternate, machine
+
+WORKLOADS = ("file-order", "sorted", "batch-1")
+SYSTEMS = (
+    "bertlab-fp32",
+    "bertlab-bf16",
+    "bertlab-int8",
+    "transformers-fp32",
+    "onnxruntime-fp32",
+    "onnxruntime-int8",
+    "openvino-f32",
+    "openvino-bf16",
+)
+BATCH, BATCH1_TEXTS, MAX_LEN, TEXTS = 32, 64, 128, 1024
+
+
+class Unavailable(Exception):
+    """A system this machine or environment cannot run: the reason is reported, not hidden."""
+
+
+def runtime_texts(data_dir: str | os.PathLike | None = None) -> tuple[list[str], str]:
+    """The benchmark's sentences: CoNLL-2003 train (news) from ``data_dir``/conll2003, else the
+    bundled SST-2 sample; the first ``TEXTS`` in file order."""
+    if data_dir is not None:
+        path = Path(data_dir) / "conll2003" / "train.txt"
+        if not path.is_file():
+            raise FileNotFoundError(f"--data {data_dir}: no {path}")
+        texts, words = [], []
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if not line.strip() or line.startswith("-DOCSTART-"):
+                if words:
+                    texts.append(" ".join(words))
+                words = []
+            else:
+                words.append(line.split(" ", 1)[0])
+        return texts[:TEXTS], f"{path}: CoNLL-2003 train sentences (news), the first {TEXTS}"
+    lines = (SAMPLES / "sst2_train.tsv").read_text(encoding="utf-8").splitlines()[1:]
+    texts = [line.split("\t")[0] for line in lines][:TEXTS]
+    return texts, f"bertlab's bundled SST-2 sample, the first {TEXTS} sentences"
+
+
+def batches(tokenizer: Any, texts: list[str], workload: str) -> list[dict[str, np.ndarray]]:
+    """The padded batches of one workload, as int64 arrays (every system gets these)."""
+    if workload == "batch-1":
+        groups = [[t] for t in texts[:BATCH1_TEXTS]]
+    else:
+        if workload == "sorted":
+            lengths = [
+                len(tokenizer(t, truncation=True, max_length=MAX_LEN)["input_ids"]) for t in texts
+            ]
+            texts = [t for _, t in sorted(zip(lengths, texts, strict=True), key=lambda p: p[0])]
+        groups = [texts[i : i + BATCH] for i in range(0, len(texts), BATCH)]
+    out = []
+    for g in groups:
+        enc = tokenizer(g, padding=True, truncation=True, max_length=MAX_LEN, return_tensors="np")
+        out.append(
+            {
+                k: np.asarray(enc[k], dtype=np.int64)
+                for k in ("input_ids", "attention_mask", "token_type_ids")
+            }
+        )
+    return out
+
+
+def pool(hidden: np.ndarray | torch.Tensor, mask: np.ndarray) -> np.ndarray:
+    """(B, T, H) hidden states -> (B, H) normalised means over real tokens."""
+    h = torch.as_tensor(hidden).float()
+    m = torch.as_tensor(mask).unsqueeze(-1).float()
+    return torch.nn.functional.normalize((h * m).sum(1) / m.sum(1), dim=-1).numpy()
+
+
+# ============================================================================ the systems
+Runner = Callable[[dict[str, np.ndarray]], np.ndarray]  # a batch -> (B, H) embeddings
+
+
+def bertlab_runner(model_dir: Path, precision: str) -> Runner:
+    from bertlab.nn.model import BertModel
+    from bertlab.nn.precision import quantize_int8
+
+    model = BertModel.from_pretrained(model_dir, dtype=torch.float32, add_pooling_layer=False)
+    if precision == "bf16":
+        if (
+            not torch.backends.mkldnn.is_available()
+            or not torch.ops.mkldnn._is_mkldnn_bf16_supported()
+        ):
+            raise Unavailable("this CPU has no bfloat16 support in oneDNN")
+        model = model.to(torch.bfloat16)
+    elif precision == "int8":
+        model = quantize_int8(model)
+
+    def run(b: dict[str, np.ndarray]) -> np.ndarray:
+        with torch.inference_mode():
+            inputs = {k: torch.from_numpy(v) for k, v in b.items()}
+            return pool(model(**inputs).last_hidden_state, b["attention_mask"])
+
+    return run
+
+
+def transformers_runner(model_dir: Path) -> Runner:
+    try:
+        from transformers import BertModel as HFBertModel
+    except ImportError as e:
+        raise Unavailable("transformers is not installed (pip install 'bertlab[runtimes]')") from e
+    model = HFBertModel.from_pretrained(
+        model_dir, attn_implementation="sdpa", add_pooling_layer=False
+    )
+    model.eval()
+
+    def run(b: dict[str, np.ndarray]) -> np.ndarray:
+        with torch.inference_mode():
+            inputs = {k: torch.from_numpy(v) for k, v in b.items()}
+            return pool(model(**inputs).last_hidden_state, b["attention_mask"])
+
+    return run
+
+
+def onnx_file(model_dir: Path, work: Path) -> Path:
+    """``bertlab export onnx`` of the base model, once per benchmark."""
+    target = work / "onnx"
+    if not (target / "model.onnx").is_file():
+        try:
+            from bertlab.io.export import export_onnx
+        except ImportError as e:  # pragma: no cover
+            raise Unavailable(f"the ONNX export needs the export extra: {e}") from e
+        export_onnx(model_dir, target, head="base")
+    return target / "model.onnx"
+
+
+def onnxruntime_runner(model_dir: Path, work: Path, precision: str, threads: int) -> Runner:
+    try:
+        import onnxruntime as ort
+        from onnxruntime.transformers.optimizer import optimize_model
+    except ImportError as e:
+        raise Unavailable("onnxruntime is not installed (pip install 'bertlab[runtimes]')") from e
+    from bertlab.nn.config import BertConfig
+
+    config = BertConfig.from_pretrained(model_dir)
+    optimized = work / "ort-optimized.onnx"
+    if not optimized.is_file():
+        opt = optimize_model(
+            str(onnx_file(model_dir, work)),
+            model_type="bert",
+            num_heads=config.num_attention_heads,
+            hidden_size=config.hidden_size,
+        )
+        opt.save_model_to_file(str(optimized))
+    path = optimized
+    if precision == "int8":
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        path = work / "ort-int8.onnx"
+        if not path.is_file():
+            quantize_dynamic(
+                str(optimized), str(path), per_channel=True, weight_type=QuantType.QInt8
+            )
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    names = {i.name for i in session.get_inputs()}
+
+    def run(b: dict[str, np.ndarray]) -> np.ndarray:
+        hidden = session.run(None, {k: v for k, v in b.items() if k in names})[0]
+        return pool(hidden, b["attention_mask"])
+
+    return run
+
+
+def openvino_runner(model_dir: Path, work: Path, precision: str, threads: int) -> Runner:
+    try:
+        import openvino as ov
+    except ImportError as e:
+        raise Unavailable("openvino is not installed (pip install 'bertlab[runtimes]')") from e
+    core = ov.Core()
+    if precision == "bf16" and "BF16" not in core.get_property("CPU", "OPTIMIZATION_CAPABILITIES"):
+        raise Unavailable("OpenVINO reports no bfloat16 on this CPU")
+    compiled = core.compile_model(
+        str(onnx_file(model_dir, work)),
+        "CPU",
+        {"INFERENCE_PRECISION_HINT": precision, "INFERENCE_NUM_THREADS": threads},
+    )
+    names = {i.get_any_name() for i in compiled.inputs}
+
+    def run(b: dict[str, np.ndarray]) -> np.ndarray:
+        hidden = compiled({k: v for k, v in b.items() if k in names})[compiled.output(0)]
+        return pool(hidden, b["attention_mask"])
+
+    return run
+
+
+def make_runner(name: str, model_dir: Path, work: Path, threads: int) -> Runner:
+    family, precision = name.rsplit("-", 1)
+    if family == "bertlab":
+        return bertlab_runner(model_dir, precision)
+    if family == "transformers":
+        return transformers_runner(model_dir)
+    if family == "onnxruntime":
+        return onnxruntime_runner(model_dir, work, precision, threads)
+    return openvino_runner(model_dir, work, precision, threads)
+
+
+# ============================================================================ the benchmark
+def quality(reference: np.ndarray, other: np.ndarray) -> dict[str, float]:
+    """Cosine of each text's embedding to the reference's, and the nearest-neighbour agreement."""
+    cos = (reference * other).sum(-1)
+    sa, sb = reference @ reference.T, other @ other.T
+    np.fill_diagonal(sa, -2)
+    np.fill_diagonal(sb, -2)
+    return {
+        "cosine_mean": float(cos.mean()),
+        "cosine_min": float(cos.min()),
+        "nearest_neighbour_kept": float((sa.argmax(1) == sb.argmax(1)).mean()),
+    }
+
+
+def bench_runtimes(
+    model_dir: str | os.PathLike = "default",
+    data_dir: str | os.PathLike | None = None,
+    systems: tuple[str, ...] = SYSTEMS,
+    workloads: tuple[str, ...] = WORKLOADS,
+    repeats: int = 5,
+    threads: int | None = None,
+    texts: list[str] | None = None,
+    progress: Callable[[str], None] = lambda _: None,
+) -> dict[str, Any]:
+    """Every system on every workload: real tokens/s, the ratio to transformers float32, and the
+    embeddings' agreement with bertlab float32. ``texts`` replaces the workload's sentences
+    (tests use a few)."""
+    from bertlab.files import resolve_model_dir
+    from bertlab.tokenizer import BertTokenizer
+
+    unknown = [s for s in systems if s not in SYSTEMS]
+    if unknown:
+        raise ValueError(f"unknown system {unknown[0]!r}; choose from {', '.join(SYSTEMS)}")
+    bad = [w for w in workloads if w not in WORKLOADS]
+    if bad:
+        raise ValueError(f"unknown workload {bad[0]!r}; choose from {', '.join(WORKLOADS)}")
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
+    model_dir = resolve_model_dir(model_dir)
+    threads = threads or torch.get_num_threads()
+    torch.set_num_threads(threads)
+    origin = "given texts"
+    if texts is None:
+        texts, origin = runtime_texts(data_dir)
+    tokenizer = BertTokenizer.from_pretrained(model_dir)
+    report: dict[str, Any] = {
+        "benchmark": "runtimes",
+        "machine": machine(),
+        "model": str(model_dir),
+        "texts": origin,
+        "threads": threads,
+        "repeats": repeats,
+        "unavailable": {},
+        "workloads": {},
+    }
+    with tempfile.TemporaryDirectory(prefix="bertlab-runtimes-") as tmp:
+        runners: dict[str, Runner] = {}
+        for name in ("bertlab-fp32", *[s for s in systems if s != "bertlab-fp32"]):
+            progress(f"loading {name}")
+            try:
+                runners[name] = make_runner(name, model_dir, Path(tmp), threads)
+            except Unavailable as e:
+                report["unavailable"][name] = str(e)
+        for workload in workloads:
+            progress(f"{workload}: timing {len(runners)} systems")
+            data = batches(tokenizer, texts, workload)
+            tokens = int(sum(b["attention_mask"].sum() for b in data))
+            padded = int(sum(b["attention_mask"].size for b in data))
+            reference = np.concatenate([runners["bertlab-fp32"](b) for b in data])
+            times = alternate(
+                {name: (lambda r=r, d=data: [r(b) for b in d]) for name, r in runners.items()},
+                repeats,
+            )
+            med = {k: statistics.median(v) for k, v in times.items()}
+            rows = {}
+            for name, r in runners.items():
+                emb = np.concatenate([r(b) for b in data])
+                rows[name] = {
+                    "tokens_per_s": tokens / med[name],
+                    "seconds": med[name],
+                    **quality(reference, emb),
+                }
+            base = rows.get("transformers-fp32", {}).get("tokens_per_s")
+            for row in rows.values():
+                row["relative_to_transformers_fp32"] = (
+                    None if base is None else row["tokens_per_s"] / base
+                )
+            report["workloads"][workload] = {
+                "batches": len(data),
+                "real_tokens": tokens,
+                "padding_share": 1 - tokens / padded,
+                "systems": rows,
+            }
+    return report
+
+
+def markdown_table(report: dict[str, Any]) -> str:
+    """Rows: workloads; columns: systems; cells: speed relative to transformers float32, with
+    the mean embedding cosine to bertlab float32 for the lower precisions."""
+    systems = [s for s in SYSTEMS if any(s in w["systems"] for w in report["workloads"].values())]
+    out = ["| workload | " + " | ".join(systems) + " |", "|" + " --- |" * (len(systems) + 1)]
+    for name, w in report["workloads"].items():
+        cells = []
+        for s in systems:
+            row = w["systems"].get(s)
+            if row is None:
+                cells.append("n/a")
+                continue
+            rel = row["relative_to_transformers_fp32"]
+            cell = f"{rel:.2f}" if rel is not None else f"{row['tokens_per_s']:,.0f} tok/s"
+            if not s.endswith(("fp32", "f32")):
+                cell += f" ({row['cosine_mean']:.5f})"
+            cells.append(cell)
+        label = f"{name} ({w['padding_share']:.0%} padding)"
+        out.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def plot(report: dict[str, Any], path: str | os.PathLike) -> None:
+    """A grouped bar chart of tokens/s relative to transformers float32."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = list(report["workloads"])
+    systems = [s for s in SYSTEMS if any(s in w["systems"] for w in report["workloads"].values())]
+    fig, ax = plt.subplots(figsize=(10, 4))
+    width = 0.8 / len(systems)
+    for k, s in enumerate(systems):
+        values = [
+            (report["workloads"][w]["systems"].get(s) or {}).get("relative_to_transformers_fp32")
+            or 0
+            for w in workloads
+        ]
+        ax.bar([i + k * width for i in range(len(workloads))], values, width, label=s)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(workloads))], workloads)
+    ax.set_ylabel("real tokens/s ÷ transformers float32")
+    ax.set_title(f"{report['machine']['cpu']}, {report['threads']} threads")
+    ax.legend(fontsize=7, ncol=4)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

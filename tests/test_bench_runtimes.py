@@ -1,0 +1,107 @@
+"""bertlab bench runtimes: every installed system runs the same batches, bertlab float32 agrees
+with itself exactly and with transformers to float rounding, lower precisions are reported with
+their cost, a peer that is missing is named as such, and bad arguments are refused first. Speed
+is recorded in benchmarks/, never asserted here."""
+
+from __future__ import annotations
+
+import builtins
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from bertlab.bench import runtimes
+from bertlab.bench.runtimes import batches, bench_runtimes, markdown_table, runtime_texts
+
+TEXTS = [
+    "EU rejects German call to boycott British lamb.",
+    "Peter Blackburn",
+    "The European Commission said on Thursday it disagreed with German advice to consumers.",
+    "Germany 's representative to the European Union 's veterinary committee Werner Zwingmann "
+    "said on Wednesday consumers should buy sheepmeat from countries other than Britain.",
+    "Rare Hendrix song draft sells for almost $ 17,000 .",
+]
+
+
+def test_the_workloads_hold_the_same_texts_in_their_orders():
+    from bertlab import BertTokenizer, bundled_model_dir
+
+    tok = BertTokenizer.from_pretrained(bundled_model_dir())
+    texts, origin = runtime_texts()
+    assert len(texts) == runtimes.TEXTS and "SST-2" in origin
+    file_order = batches(tok, texts[:70], "file-order")
+    ordered = batches(tok, texts[:70], "sorted")
+    one = batches(tok, texts[:70], "batch-1")
+    assert [len(b["input_ids"]) for b in file_order] == [32, 32, 6]
+    assert len(one) == 64 and all(b["attention_mask"].all() for b in one)
+    real = [int(b["attention_mask"].sum()) for b in file_order]
+    assert sum(real) == sum(int(b["attention_mask"].sum()) for b in ordered)
+    lengths = [int(n) for b in ordered for n in b["attention_mask"].sum(1)]
+    assert lengths == sorted(lengths)
+
+
+def test_every_installed_system_runs_and_reports_its_agreement(monkeypatch):
+    real_import = builtins.__import__
+
+    def no_openvino(name, *args, **kwargs):
+        if name == "openvino" or name.startswith("openvino."):
+            raise ImportError("hidden by the test")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_openvino)
+    report = bench_runtimes(
+        systems=(
+            "bertlab-fp32",
+            "bertlab-int8",
+            "transformers-fp32",
+            "onnxruntime-fp32",
+            "openvino-f32",
+        ),
+        workloads=("sorted", "batch-1"),
+        repeats=1,
+        threads=2,
+        texts=TEXTS,
+    )
+    assert report["unavailable"] == {
+        "openvino-f32": "openvino is not installed (pip install 'bertlab[runtimes]')"
+    }
+    rows = report["workloads"]["sorted"]["systems"]
+    assert set(rows) == {"bertlab-fp32", "bertlab-int8", "transformers-fp32", "onnxruntime-fp32"}
+    assert rows["bertlab-fp32"]["cosine_min"] == pytest.approx(1.0, abs=1e-6)
+    assert rows["transformers-fp32"]["cosine_min"] > 0.99999
+    assert rows["onnxruntime-fp32"]["cosine_min"] > 0.9999
+    assert 0.5 < rows["bertlab-int8"]["cosine_mean"] < 1.0  # int8 costs something, measured
+    assert rows["transformers-fp32"]["relative_to_transformers_fp32"] == 1.0
+    assert report["workloads"]["batch-1"]["padding_share"] == 0.0
+    table = markdown_table(report)
+    assert table.count("\n") == 3 and "| sorted (" in table and "| batch-1 (0% padding) |" in table
+    assert json.loads(json.dumps(report)) == report
+
+
+def test_quality_figures():
+    a = np.eye(3, dtype=np.float32)
+    q = runtimes.quality(a, a)
+    assert q == {"cosine_mean": 1.0, "cosine_min": 1.0, "nearest_neighbour_kept": 1.0}
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--systems", "tensorrt-fp32"], "unknown system 'tensorrt-fp32'"),
+        (["--workloads", "batch-8"], "unknown workload 'batch-8'"),
+        (["--repeats", "0"], "repeats must be at least 1, got 0"),
+        (["--data", "/nowhere"], "no /nowhere/conll2003/train.txt"),
+        (["--plot", "/nowhere/chart.png"], "the folder does not exist"),
+    ],
+)
+def test_bad_arguments_are_refused_before_work(args, message):
+    done = subprocess.run(
+        [sys.executable, "-m", "bertlab", "bench", "runtimes", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2 and message in done.stderr, done.stderr
