@@ -1,0 +1,55 @@
+"""Where the time goes in one short sentence (batch 1) through the bundled model: the median
+latency over 200 calls and torch.profiler's operator table over 50. Prints both; the before and
+after of the batch-1 work are kept in benchmarks/ (batch1-profile-*.txt).
+
+    python scripts/profile_batch1.py [--threads 2] [--dtype float32|bfloat16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from bertlab import BertModel, BertTokenizer
+from bertlab.bench.speed import machine
+
+SENTENCE = (
+    "The European Commission said on Thursday it disagreed with German advice to consumers "
+    "to shun British lamb."
+)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    tok = BertTokenizer.from_pretrained("default")
+    model = BertModel.from_pretrained("default", dtype=args.dtype, add_pooling_layer=False)
+    batch = tok(SENTENCE, return_tensors="pt")
+    with torch.inference_mode():
+        for _ in range(20):
+            model(**batch)
+        times = []
+        for _ in range(200):
+            start = time.perf_counter()
+            model(**batch)
+            times.append(time.perf_counter() - start)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(50):
+                model(**batch)
+    m = machine()
+    print(f"{m['cpu']}, {args.threads} threads, torch {m['torch']}, {args.dtype}")
+    print(
+        f"1 x {batch['input_ids'].shape[1]} tokens: median {statistics.median(times) * 1e3:.2f} ms"
+    )
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
+
+
+if __name__ == "__main__":
+    main()
