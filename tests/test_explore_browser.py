@@ -41,17 +41,10 @@ import torch  # noqa: E402
 
 import bertlab  # noqa: E402
 from bertlab import BertConfig, BertForMaskedLM, BertTokenizer  # noqa: E402
+from bertlab.explore.page import HEADLESS  # noqa: E402
 from bertlab.explore.payload import unarray  # noqa: E402
 
-FLAGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+FLAGS = [flag for flag in HEADLESS if flag != "--headless"]  # Playwright adds its own
 PWN = '<script>window.__pwned=1</script><img src=x onerror="window.__pwned=2">'
 
 

@@ -77,9 +77,8 @@ def batches(tokenizer: Any, texts: list[str], workload: str) -> list[dict[str, n
         groups = [[t] for t in texts[:BATCH1_TEXTS]]
     else:
         if workload == "sorted":
-            lengths = [
-                len(tokenizer(t, truncation=True, max_length=MAX_LEN)["input_ids"]) for t in texts
-            ]
+            ids = tokenizer(texts, truncation=True, max_length=MAX_LEN)["input_ids"]
+            lengths = [len(x) for x in ids]
             texts = [t for _, t in sorted(zip(lengths, texts, strict=True), key=lambda p: p[0])]
         groups = [texts[i : i + BATCH] for i in range(0, len(texts), BATCH)]
     out = []
@@ -119,6 +118,11 @@ def bertlab_runner(model_dir: Path, precision: str) -> Runner:
         model = model.to(torch.bfloat16)
     elif precision == "int8":
         model = quantize_int8(model)
+    return torch_runner(model)
+
+
+def torch_runner(model: torch.nn.Module) -> Runner:
+    """A PyTorch model (bertlab's or transformers') as a Runner."""
 
     def run(b: dict[str, np.ndarray]) -> np.ndarray:
         with torch.inference_mode():
@@ -136,14 +140,7 @@ def transformers_runner(model_dir: Path) -> Runner:
     model = HFBertModel.from_pretrained(
         model_dir, attn_implementation="sdpa", add_pooling_layer=False
     )
-    model.eval()
-
-    def run(b: dict[str, np.ndarray]) -> np.ndarray:
-        with torch.inference_mode():
-            inputs = {k: torch.from_numpy(v) for k, v in b.items()}
-            return pool(model(**inputs).last_hidden_state, b["attention_mask"])
-
-    return run
+    return torch_runner(model.eval())
 
 
 def onnx_file(model_dir: Path, work: Path) -> Path:
@@ -299,20 +296,21 @@ def bench_runtimes(
             data = batches(tokenizer, texts, workload)
             tokens = int(sum(b["attention_mask"].sum() for b in data))
             padded = int(sum(b["attention_mask"].size for b in data))
-            reference = np.concatenate([runners["bertlab-fp32"](b) for b in data])
             times = alternate(
                 {name: (lambda r=r, d=data: [r(b) for b in d]) for name, r in runners.items()},
                 repeats,
             )
             med = {k: statistics.median(v) for k, v in times.items()}
-            rows = {}
-            for name, r in runners.items():
-                emb = np.concatenate([r(b) for b in data])
-                rows[name] = {
+            embeddings = {name: np.concatenate([r(b) for b in data]) for name, r in runners.items()}
+            reference = embeddings["bertlab-fp32"]
+            rows = {
+                name: {
                     "tokens_per_s": tokens / med[name],
                     "seconds": med[name],
                     **quality(reference, emb),
                 }
+                for name, emb in embeddings.items()
+            }
             base = rows.get("transformers-fp32", {}).get("tokens_per_s")
             for row in rows.values():
                 row["relative_to_transformers_fp32"] = (

@@ -6,7 +6,6 @@ with a text box). The work is ``bertlab.explore``; this file parses, checks and 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from bertlab.nn.heads import HEADS
 
@@ -52,7 +51,7 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_explore(args: argparse.Namespace) -> int:
-    from bertlab.explore.page import check_output_path, explore, find_browser
+    from bertlab.explore.page import check_output_path, check_png_folder, explore, find_browser
 
     if not (args.output or args.png or args.serve):
         raise ValueError("say where the page goes: -o page.html, --png DIR, or --serve")
@@ -63,9 +62,7 @@ def cmd_explore(args: argparse.Namespace) -> int:
     if args.output:
         check_output_path(args.output)
     if args.png:
-        png = Path(args.png)
-        if not png.parent.is_dir():
-            raise FileNotFoundError(f"cannot write into {png}: {png.parent} does not exist")
+        check_png_folder(args.png)
         find_browser(args.browser)
     if args.serve:
         from bertlab.explore.serve import serve

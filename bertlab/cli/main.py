@@ -416,7 +416,14 @@ def main(argv: list[str] | None = None) -> int:
         code = args.func(args)
         sys.stdout.flush()  # a closed pipe shows here, not at exit, where it can't be caught
         return code
-    except (ValueError, IndexError, FileNotFoundError, FileExistsError, IsADirectoryError) as e:
+    except (
+        ValueError,
+        IndexError,
+        FileNotFoundError,
+        FileExistsError,
+        IsADirectoryError,
+        NotADirectoryError,
+    ) as e:
         print(f"{args._command}: error: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:

@@ -11,15 +11,16 @@ residual sums); they are added as ``op`` nodes, and the sibling modules that run
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
-from bertlab.explore.summary import LAYER_NAME
-
 Node = dict[str, Any]
+# a module inside encoder layer N, in a base model ("encoder.layer.3...") or a head model's base
+IN_LAYER = re.compile(r"(?:^|\.)encoder\.layer\.(\d+)(?:\.|$)")
 
 
 def shape_of(x: Any) -> str:
@@ -80,7 +81,7 @@ def network_graph(
 
 
 def _node(name: str, module: nn.Module, args: tuple) -> Node:
-    m = LAYER_NAME.match(name.split(".", 1)[-1] + ".") or LAYER_NAME.match(name + ".")
+    m = IN_LAYER.search(name)
     return {
         "id": name or "model",
         "name": name.rsplit(".", 1)[-1] or paper_class(module),

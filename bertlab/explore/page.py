@@ -209,6 +209,16 @@ def check_output_path(path: str | os.PathLike) -> Path:
     return target
 
 
+def check_png_folder(folder: str | os.PathLike) -> Path:
+    """``folder`` as a place for PNGs: a folder, or a new one in a folder that exists."""
+    out = Path(folder)
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"{out} is a file; --png needs a folder")
+    if not out.parent.is_dir():
+        raise FileNotFoundError(f"cannot write into {out}: the folder {out.parent} does not exist")
+    return out
+
+
 def find_browser(browser: str | None = None) -> str:
     """The Chromium (or Chrome) to draw PNGs with: ``browser``, $BERTLAB_CHROMIUM, or PATH."""
     wanted = browser or os.environ.get("BERTLAB_CHROMIUM")
@@ -236,11 +246,7 @@ def export_png(
     import base64
 
     exe = find_browser(browser)
-    out = Path(folder)
-    if out.exists() and not out.is_dir():
-        raise NotADirectoryError(f"{out} is a file; --png needs a folder")
-    if not out.parent.is_dir():
-        raise FileNotFoundError(f"cannot write into {out}: the folder {out.parent} does not exist")
+    out = check_png_folder(folder)
     with tempfile.TemporaryDirectory(prefix="bertlab-explore-") as tmp:
         page_file = Path(tmp, "page.html")
         page_file.write_text(page, "utf-8")

@@ -32,7 +32,7 @@ from torch import nn
 from bertlab.explore.graph import network_graph
 from bertlab.explore.summary import LAYER_NAME, LEGEND, parameter_table, symbols
 from bertlab.files import BUNDLED_NAMES, bundled_model_dir
-from bertlab.nn.heads import HEADS, MODEL_CLASSES, head_of
+from bertlab.nn.heads import HEADS, BertForMultipleChoice
 from bertlab.nn.model import BertPreTrainedModel, sinusoidal_positions
 
 FORMAT = "bertlab-explore/1"
@@ -44,20 +44,20 @@ PREDICTIONS_K = 5  # masked-LM predictions per token and layer
 
 
 # ============================================================================ arrays
-def array(t: torch.Tensor | np.ndarray, dtype: str = "f32") -> dict[str, Any]:
+KINDS = {"f32": "<f4", "f16": "<f2", "u16": "<u2", "i32": "<i4"}  # payload dtype -> bytes
+
+
+def array(t: torch.Tensor, dtype: str = "f32") -> dict[str, Any]:
     """A tensor as the payload stores it: dtype f32, f16, u16 or i32, shape, base64 bytes."""
-    kinds = {"f32": "<f4", "f16": "<f2", "u16": "<u2", "i32": "<i4"}
-    a = t.detach().cpu().float().numpy() if isinstance(t, torch.Tensor) else np.asarray(t)
-    if dtype.startswith(("u", "i")) and isinstance(t, torch.Tensor):
-        a = t.detach().cpu().numpy()
-    data = np.ascontiguousarray(a.astype(kinds[dtype]))
+    a = t.detach().cpu()
+    a = (a.float() if dtype.startswith("f") else a).numpy()
+    data = np.ascontiguousarray(a.astype(KINDS[dtype]))
     return {"dtype": dtype, "shape": list(a.shape), "b64": base64.b64encode(data).decode()}
 
 
 def unarray(a: dict[str, Any]) -> torch.Tensor:
     """The tensor of a payload array (float arrays come back as float32)."""
-    kinds = {"f32": "<f4", "f16": "<f2", "u16": "<u2", "i32": "<i4"}
-    data = np.frombuffer(base64.b64decode(a["b64"]), dtype=kinds[a["dtype"]]).reshape(a["shape"])
+    data = np.frombuffer(base64.b64decode(a["b64"]), dtype=KINDS[a["dtype"]]).reshape(a["shape"])
     if a["dtype"].startswith("f"):
         return torch.from_numpy(data.astype(np.float32))
     return torch.from_numpy(data.astype(np.int64))
@@ -98,7 +98,7 @@ def run(model: BertPreTrainedModel, batch: dict[str, torch.Tensor]) -> tuple[Any
     for n, layer in enumerate(base.encoder.layer):
         for part in ("query", "key", "value"):
             rec.watch(f"{part}.{n}", getattr(layer.attention.self, part))
-    if isinstance(model, MODEL_CLASSES["BertForMultipleChoice"]):  # choices: (1, C=1, T)
+    if isinstance(model, BertForMultipleChoice):  # choices: (1, C=1, T)
         batch = {k: v[:, None] for k, v in batch.items()}
     try:
         with torch.no_grad():
@@ -180,12 +180,11 @@ def build_payload(
         "tokens": token_rows(tokenizer, enc),
         "embeddings": embedding_parts(model, rec, vec),
         "layers": layer_parts(model, out, rec, vec, summarised),
-        "predictions": predictions(model, out),
+        "predictions": predictions(model, out, tokenizer.convert_ids_to_tokens),
         "output": head_output(model, out, enc, tokenizer, text, pair),
         "parameters": parameters(model),
         "graph": graph,
     }
-    fill_strings(payload, tokenizer.convert_ids_to_tokens)
     if truncated:
         summarised.insert(0, f"The input was {n} tokens; the first {limit} are shown.")
     return payload
@@ -198,6 +197,11 @@ def check_text(text: Any, what: str) -> None:
         raise ValueError(f"{what} is empty: give at least one word to explore")
 
 
+def head_name(model: BertPreTrainedModel) -> str:
+    """The key of HEADS whose class ``model`` is (or derives from); "base" for any other."""
+    return next((h for h, cls in HEADS.items() if isinstance(model, cls)), "base")
+
+
 def describe_model(model: BertPreTrainedModel, path: str | None) -> dict[str, Any]:
     c = model.config
     if path is None:
@@ -206,14 +210,11 @@ def describe_model(model: BertPreTrainedModel, path: str | None) -> dict[str, An
         name = f"{BUNDLED_NAMES[1]} (bundled)"
     else:
         name = Path(path).name
-    head = next((h for h, cls in HEADS.items() if type(model) is cls), None)
-    if head is None:  # a subclass: the head of the class it derives from
-        head = head_of([k.__name__ for k in type(model).__mro__])
     return {
         "path": str(path) if path else None,
         "name": name,
         "class": type(model).__name__,
-        "head": head,
+        "head": head_name(model),
         "layers": c.num_hidden_layers,
         "heads": c.num_attention_heads,
         "hidden": c.hidden_size,
@@ -354,19 +355,23 @@ def layer_parts(
     }
 
 
-def predictions(model: BertPreTrainedModel, out: Any) -> dict[str, Any] | None:
-    """A masked-LM model's head read at every layer: the top pieces for every position."""
+def predictions(
+    model: BertPreTrainedModel, out: Any, convert: Callable[[list[int]], list[str]]
+) -> dict[str, Any] | None:
+    """A masked-LM model's head read at every layer: the top pieces for every position, and
+    the piece of every id among them (``convert``: the tokenizer's ids -> pieces)."""
     head = model.mlm_head()
     if head is None:
         return None
     with torch.no_grad():
         logits = torch.stack([head(h)[0] for h in out.hidden_states])  # (L+1, T, V)
     top = logits.float().softmax(-1).topk(PREDICTIONS_K, dim=-1)
+    ids = sorted(set(top.indices.flatten().tolist()))
     return {
         "k": PREDICTIONS_K,
         "token": array(top.indices.to(torch.int32), "i32"),
         "prob": array(top.values),
-        "strings": {},  # filled by the caller, who has the tokenizer
+        "strings": dict(zip(map(str, ids), convert(ids), strict=True)),
     }
 
 
@@ -374,7 +379,7 @@ def head_output(
     model: BertPreTrainedModel, out: Any, enc: Any, tokenizer: Any, text: str, pair: str | None
 ) -> dict[str, Any]:
     """What the head answers for this input: the model's own output, formatted."""
-    name = next((h for h, cls in HEADS.items() if isinstance(model, cls)), "base")
+    name = head_name(model)
     labels = [model.config.id2label.get(i, f"LABEL_{i}") for i in range(model.config.num_labels)]
 
     def nsp(logits: torch.Tensor) -> dict[str, Any]:
@@ -465,12 +470,3 @@ def parameters(model: BertPreTrainedModel) -> dict[str, Any]:
         "legend": LEGEND,
         "symbols": symbols(model.config),
     }
-
-
-def fill_strings(payload: dict[str, Any], convert: Callable[[list[int]], list[str]]) -> None:
-    """Name every predicted id of ``payload["predictions"]`` with its piece."""
-    pred = payload["predictions"]
-    if pred is None:
-        return
-    ids = sorted(set(unarray(pred["token"]).flatten().tolist()))
-    pred["strings"] = dict(zip(map(str, ids), convert(ids), strict=True))
