@@ -1,7 +1,9 @@
-"""The fused oneDNN linear layers of bfloat16 CPU inference (bertlab/fused.py): they compute
-the same function as the plain layers, round once instead of twice, and step aside whenever a
-gradient is recorded or the input is not CPU bfloat16. Also the other inference-only paths:
-spare rows (packing.round_rows) and the feed-forward network in row chunks."""
+"""The oneDNN linear layers of CPU inference (bertlab/fused.py): they compute the same function
+as the plain layers (in bfloat16 rounding once instead of twice), on weights packed once and
+packed again whenever a weight changes, and step aside whenever a gradient is recorded or the
+input is not CPU float32 or bfloat16. Also the other inference-only paths: the encoder run from
+packed weights (fast.layer_inference), spare rows (packing.round_rows) and the feed-forward
+network in row chunks."""
 
 import pytest
 import torch
@@ -12,9 +14,10 @@ from bertlab import BertConfig, BertForMaskedLM, BertModel
 from bertlab.nn import fast, fused
 from bertlab.nn.packing import round_rows
 
-needs_onednn = pytest.mark.skipif(
-    not fused._AVAILABLE, reason="this PyTorch or CPU has no oneDNN bfloat16 fused linear"
+needs_bf16 = pytest.mark.skipif(
+    not fused._BF16, reason="this PyTorch or CPU has no oneDNN bfloat16 fused linear"
 )
+needs_onednn = pytest.mark.skipif(not fused._AVAILABLE, reason="this PyTorch has no oneDNN")
 BF16_STEP = 2**-8  # bfloat16 keeps 8 significant bits: one rounding is off by <= 2**-9 relative
 
 
@@ -39,7 +42,7 @@ def within_one_rounding(got, want):
     assert (err <= BF16_STEP * want.abs() + 1e-6).all(), f"off by {err.max():.3g}"
 
 
-@needs_onednn
+@needs_bf16
 def test_each_fused_form_is_the_exact_result_rounded_once():
     layer, x = layer_and_input()
     other = torch.randn(3, 7, 80).to(torch.bfloat16)
@@ -56,7 +59,7 @@ def test_each_fused_form_is_the_exact_result_rounded_once():
             within_one_rounding(got, fn(exact(layer, x)))
 
 
-@needs_onednn
+@needs_bf16
 def test_fused_is_at_least_as_close_as_the_plain_layers():
     """The plain forms round the product, then round again after the activation or the sum;
     the fused ones round once. Over a whole layer their error is no larger."""
@@ -69,7 +72,7 @@ def test_fused_is_at_least_as_close_as_the_plain_layers():
     assert fused_err <= plain_err
 
 
-@needs_onednn
+@needs_bf16
 def test_the_fused_operator_really_runs(monkeypatch):
     layer, x = layer_and_input()
     calls = []
@@ -80,7 +83,7 @@ def test_the_fused_operator_really_runs(monkeypatch):
     assert len(calls) == 1
 
 
-def test_plain_layers_run_when_a_gradient_is_recorded_or_the_dtype_is_not_bfloat16(monkeypatch):
+def test_plain_layers_run_when_a_gradient_is_recorded_or_the_dtype_is_not_onednns(monkeypatch):
     def refuse(*a):
         raise AssertionError("the fused operator ran")
 
@@ -89,11 +92,28 @@ def test_plain_layers_run_when_a_gradient_is_recorded_or_the_dtype_is_not_bfloat
     out = fused.linear_act(layer, x, "gelu", F.gelu)  # gradients recorded: the weight needs one
     out.float().sum().backward()
     assert layer.weight.grad is not None
-    layer32, x32 = layer.float(), x.float()
+    layer64, x64 = layer.double(), x.double()  # oneDNN computes float32 and bfloat16 only
     with torch.inference_mode():
-        assert torch.equal(fused.linear(layer32, x32), layer32(x32))
-        other = torch.randn(3, 7, 80)
-        assert torch.equal(fused.linear_add(layer32, x32, other), layer32(x32) + other)
+        assert torch.equal(fused.linear(layer64, x64), layer64(x64))
+        other = torch.randn(3, 7, 80, dtype=torch.float64)
+        assert torch.equal(fused.linear_add(layer64, x64, other), layer64(x64) + other)
+
+
+@needs_onednn
+def test_float32_products_equal_the_plain_layers_to_float32_rounding():
+    """In float32 oneDNN orders the sums of a product differently from PyTorch's BLAS: the
+    same function, within float32 tolerance (and the fused activation and sum too)."""
+    layer, x = layer_and_input(n_in=384, n_out=512, shape=(5, 9))
+    layer, x = layer.float(), x.float()
+    other = torch.randn(5, 9, 512)
+    with torch.inference_mode():
+        for got, want in [
+            (fused.linear(layer, x), layer(x)),
+            (fused.linear_add(layer, x, other), layer(x) + other),
+            (fused.linear_act(layer, x, "gelu", F.gelu), F.gelu(layer(x))),
+        ]:
+            assert got.dtype == torch.float32
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_a_hook_on_a_layer_still_sees_every_call(monkeypatch):
@@ -108,7 +128,7 @@ def test_a_hook_on_a_layer_still_sees_every_call(monkeypatch):
     assert seen == [(3, 7, 80)] * 3
 
 
-@needs_onednn
+@needs_bf16
 @pytest.mark.parametrize("kernel", ["packed", "sdpa"])
 def test_a_bfloat16_model_with_fused_layers_is_as_close_to_float32_as_without(kernel, monkeypatch):
     cfg = BertConfig(
@@ -147,7 +167,7 @@ def test_round_rows_adds_at_most_a_sixteenth_or_7_rows_and_makes_few_shapes():
     assert len({round_rows(n) for n in range(4097, 8193)}) == 16  # 16 shapes per doubling
 
 
-@needs_onednn
+@needs_bf16
 def test_spare_rows_never_reach_an_output(monkeypatch):
     """A packed bfloat16 batch runs with spare rows past its last token (oneDNN meets fewer
     shapes); the outputs, hidden states and [CLS] vectors are those of the plain run."""
@@ -211,7 +231,9 @@ def _ffn_model(dtype):
 
 
 def _chunk_rows(monkeypatch, rows, dtype):
-    """Make every intermediate count as large, chunked ``rows`` rows at a time."""
+    """Make every intermediate count as large, chunked ``rows`` rows at a time, on the module
+    path (the encoder run from packed weights chunks the same way: see the test below)."""
+    monkeypatch.setattr(fast.FastEncoder, "direct", lambda self, x: False)
     width = 128 * torch.tensor([], dtype=dtype).element_size()
     monkeypatch.setattr(fast, "FFN_CHUNK_ABOVE", 0)
     monkeypatch.setattr(fast, "FFN_CHUNK_BYTES", rows * width)
@@ -257,5 +279,146 @@ def test_feed_forward_runs_whole_under_autograd_or_a_hook(monkeypatch):
     with torch.inference_mode():
         model(ids, mask)
     hook.remove()
-    assert seen == [16] * 4 + [14] + [78]  # layer 0 in chunks; layer 1, hooked, whole
-    assert [c.shape[0] for c in calls] == [78]  # the hook saw every row in one call
+    rows = round_rows(78)  # float32 products run on oneDNN too: spare rows
+    chunks = [16] * (rows // 16) + ([rows % 16] if rows % 16 else [])
+    assert seen == chunks + [rows]  # layer 0 in chunks; layer 1, hooked, whole
+    assert [c.shape[0] for c in calls] == [rows]  # the hook saw every row in one call
+
+
+@needs_onednn
+def test_the_encoder_from_packed_weights_chunks_its_feed_forward_the_same_way(monkeypatch):
+    model, ids, mask = _ffn_model(torch.float32)
+    with torch.inference_mode():
+        want = model(ids, mask, output_hidden_states=True)
+        monkeypatch.setattr(fast, "FFN_CHUNK_ABOVE", 0)
+        monkeypatch.setattr(fast, "FFN_CHUNK_BYTES", 16 * 128 * 4)
+        seen = []
+        product = fused.product
+        monkeypatch.setattr(
+            fused, "product", lambda x, *a, **k: seen.append((x.shape[0], k)) or product(x, *a, **k)
+        )
+        got = model(ids, mask, output_hidden_states=True)
+    first = [n for n, k in seen if k.get("act")]  # the first product of each chunk
+    rows = round_rows(78)
+    assert first == ([16] * (rows // 16) + ([rows % 16] if rows % 16 else [])) * 2
+    for g, w in zip(got.hidden_states, want.hidden_states, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
+
+
+# ============================================= the encoder computed from packed weights
+def _encoder_model(dtype, kernel="packed", head=BertModel):
+    cfg = BertConfig(
+        vocab_size=99,
+        hidden_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=64,
+    ).replace(attn_implementation=kernel)
+    torch.manual_seed(0)
+    model = head(cfg).eval().to(dtype)
+    ids = torch.randint(1, 99, (3, 30))
+    mask = torch.ones_like(ids)
+    mask[0, 21:] = 0
+    mask[2, 4:] = 0
+    return model, ids, mask
+
+
+def _spy_layers(monkeypatch):
+    calls = []
+    real = fast.layer_inference
+    monkeypatch.setattr(fast, "layer_inference", lambda *a: calls.append(1) or real(*a))
+    return calls
+
+
+@needs_onednn
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kernel", ["packed", "sdpa", "eager"])
+@pytest.mark.parametrize("padded", [True, False])
+def test_the_encoder_from_packed_weights_equals_the_paper_modules(
+    dtype, kernel, padded, monkeypatch
+):
+    if dtype == torch.bfloat16 and not fused._BF16:
+        pytest.skip("this CPU has no oneDNN bfloat16")
+    model, ids, mask = _encoder_model(dtype, kernel)
+    if not padded:
+        mask = torch.ones_like(mask)
+    calls = _spy_layers(monkeypatch)
+    with torch.inference_mode():
+        got = model(ids, mask, output_hidden_states=True)
+        assert len(calls) == 3, "every layer should run from packed weights"
+        model.set_fast_inference(False)  # the paper's modules, PyTorch's own products
+        want = model(ids, mask, output_hidden_states=True)
+    assert len(calls) == 3
+    real = mask.bool()
+    tol = 1e-5 if dtype == torch.float32 else 4 * BF16_STEP
+    for g, w in zip(got.hidden_states, want.hidden_states, strict=True):
+        torch.testing.assert_close(g[real].float(), w[real].float(), rtol=tol, atol=tol)
+    torch.testing.assert_close(
+        got.pooler_output.float(), want.pooler_output.float(), rtol=tol, atol=tol
+    )
+
+
+@needs_onednn
+def test_a_hook_attention_probabilities_or_a_gradient_take_the_module_path(monkeypatch):
+    model, ids, mask = _encoder_model(torch.float32)
+    calls = _spy_layers(monkeypatch)
+    with torch.inference_mode():
+        want = model(ids, mask).last_hidden_state
+        assert len(calls) == 3
+        seen = []
+        hook = model.encoder.layer[1].attention.self.key.register_forward_hook(
+            lambda m, i, o: seen.append(o.shape)
+        )
+        hooked = model(ids, mask).last_hidden_state
+        hook.remove()
+        assert len(calls) == 3 and len(seen) == 1 and seen[0][-1] == 64
+        model(ids, mask, output_attentions=True)
+        assert len(calls) == 3
+    # The hooked run computed the very same numbers: its projections ran one by one
+    # (FusedLinear) on the same packed rows as the stacked product.
+    assert torch.equal(hooked, want)
+    model(ids, mask).last_hidden_state.sum().backward()  # gradients: the module path
+    assert len(calls) == 3 and model.encoder.layer[0].output.dense.weight.grad is not None
+
+
+@needs_onednn
+def test_packed_weights_follow_every_change_of_the_weights():
+    """A weight written in place, a state dict loaded, a cast there and back: the next call
+    computes with the weights as they are now, never a stale packed copy."""
+    model, ids, mask = _encoder_model(torch.float32)
+    plain, _, _ = _encoder_model(torch.float32)
+    plain.set_fast_inference(False)
+
+    def check():
+        plain.load_state_dict(model.state_dict())
+        with torch.inference_mode():
+            got, want = model(ids, mask).last_hidden_state, plain(ids, mask).last_hidden_state
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        return got
+
+    first = check()
+    with torch.no_grad():
+        model.encoder.layer[1].attention.self.value.weight.mul_(2)  # in place
+        model.encoder.layer[2].intermediate.dense.bias.add_(1)
+    assert not torch.allclose(check(), first)
+    other, _, _ = _encoder_model(torch.float32)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(0.01)
+    model.load_state_dict(other.state_dict())
+    check()
+    model.to(torch.bfloat16).float()  # rounded through bfloat16: new values, new storage
+    check()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model.train()
+    model(ids, mask).last_hidden_state.sum().backward()
+    optimizer.step()
+    model.eval()
+    check()
+
+
+def test_set_fast_inference_refuses_anything_but_a_bool():
+    model, _, _ = _encoder_model(torch.float32)
+    with pytest.raises(TypeError, match="True or False, got 'no'"):
+        model.set_fast_inference("no")

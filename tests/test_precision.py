@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from bertlab import BertConfig, BertForSequenceClassification, BertModel
-from bertlab.nn.precision import quantize_int8
+from bertlab.nn.precision import Int8Linear, layer_errors, quantize_int8
 
 CFG = BertConfig(
     vocab_size=99,
@@ -57,9 +57,81 @@ def test_int8_quantisation_keeps_the_original_and_stays_close():
     model = BertForSequenceClassification(CFG).eval()
     quantized = quantize_int8(model)
     assert isinstance(model.classifier, torch.nn.Linear)  # the original is untouched
-    assert type(quantized.classifier) is not torch.nn.Linear
+    assert isinstance(quantized.classifier, Int8Linear)
+    report = quantized.int8_report
+    assert len(report["int8"]) == 2 * 6 + 2 and report["kept_float32"] == {}  # + pooler, classifier
+    assert any("LayerNorm" in s for s in report["always_float32"])
     ids, mask = batch()
     with torch.no_grad():
         want, got = model(ids, mask).logits, quantized(ids, mask).logits
     assert not torch.equal(want, got)  # it really is quantised
     assert (want - got).abs().max() < 0.05 * want.abs().max() + 1e-3
+
+
+def test_int8_layer_is_the_int8_product_of_per_token_and_per_channel_scales():
+    g = torch.Generator().manual_seed(0)
+    lin = torch.nn.Linear(16, 8)
+    x = torch.randn(5, 16, generator=g) * torch.tensor([1.0, 10, 0.1, 3, 100])[:, None]
+    q = Int8Linear(lin)
+    sw = lin.weight.detach().abs().amax(1) / 127
+    wq = torch.round(lin.weight.detach() / sw[:, None])
+    sx = x.abs().amax(1, keepdim=True) / 127
+    xq = torch.round(x / sx)
+    want = (xq @ wq.T) * sw * sx + lin.bias.detach()
+    with torch.no_grad():
+        torch.testing.assert_close(q(x), want, rtol=1e-5, atol=1e-5)
+        # each token's scale is its own: a row's result does not see the other rows
+        torch.testing.assert_close(q(x[2:3]), q(x)[2:3], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kernel", ["packed", "sdpa"])
+def test_int8_results_never_depend_on_the_rest_of_the_batch(kernel):
+    torch.manual_seed(0)
+    model = quantize_int8(BertModel(CFG.replace(attn_implementation=kernel)).eval())
+    ids, mask = batch()
+    with torch.no_grad():
+        together = model(ids, mask).last_hidden_state
+        for row in range(3):
+            n = int(mask[row].sum())
+            alone = model(ids[row : row + 1, :n]).last_hidden_state[0]
+            torch.testing.assert_close(alone, together[row, :n], rtol=1e-5, atol=1e-5)
+
+
+def test_int8_from_packed_weights_equals_its_modules(monkeypatch):
+    from bertlab.nn import fast
+
+    torch.manual_seed(0)
+    model = quantize_int8(BertModel(CFG).eval())
+    ids, mask = batch()
+    with torch.no_grad():
+        assert model.encoder.direct(torch.zeros(1, CFG.hidden_size))
+        lean = model(ids, mask).last_hidden_state
+        monkeypatch.setattr(fast.FastEncoder, "direct", lambda self, x: False)
+        modules = model(ids, mask).last_hidden_state
+    torch.testing.assert_close(lean, modules, rtol=1e-5, atol=1e-5)
+
+
+def test_int8_calibration_keeps_the_layers_past_the_tolerance():
+    torch.manual_seed(0)
+    model = BertModel(CFG).eval()
+    ids, mask = batch()
+    calib = [{"input_ids": ids, "attention_mask": mask}]
+    errors = layer_errors(model, calib)
+    assert set(errors) == {n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    middle = sorted(errors.values())[len(errors) // 2]
+    q = quantize_int8(model, calibrate=calib, tolerance=middle, keep=[r"pooler\..*"])
+    kept = q.int8_report["kept_float32"]
+    assert kept["pooler.dense"] == "asked (keep=)"
+    past = {n for n, e in errors.items() if e > middle and n != "pooler.dense"}
+    assert past and past <= set(kept) and all("tolerance" in kept[n] for n in past)
+    assert all(isinstance(q.get_submodule(n), torch.nn.Linear) for n in kept)
+    assert all(isinstance(q.get_submodule(n), Int8Linear) for n in q.int8_report["int8"])
+
+
+def test_int8_refuses_what_it_cannot_run(monkeypatch):
+    model = BertModel(CFG).eval()
+    with pytest.raises(ValueError, match="tolerance must be > 0, got 0"):
+        quantize_int8(model, tolerance=0)
+    monkeypatch.setattr(torch.cpu, "_is_vnni_supported", lambda: False)
+    with pytest.raises(RuntimeError, match="no VNNI"):
+        quantize_int8(model)

@@ -72,10 +72,10 @@ def ours(model_dir):
     return model, info
 
 
-def assert_close(got: torch.Tensor, ref: torch.Tensor, what: str) -> None:
+def assert_close(got: torch.Tensor, ref: torch.Tensor, what: str, atol: float = ATOL) -> None:
     assert tuple(got.shape) == tuple(ref.shape), f"{what}: {tuple(got.shape)} != {ref.shape}"
     diff = (got.double() - ref.double()).abs().max().item()
-    assert diff <= ATOL, f"{what}: max abs difference {diff:.3g} > {ATOL}"
+    assert diff <= atol, f"{what}: max abs difference {diff:.3g} > {atol}"
 
 
 def test_loads_with_strict_key_accounting(ours, model_dir):
@@ -107,10 +107,31 @@ def test_padded_batch_matches_transformers(attn, ours, hf_models, tokenizer):
         ref = hf_models[attn](**enc, output_hidden_states=True)
         got = model(**enc, output_hidden_states=True)
     assert len(got.hidden_states) == len(ref.hidden_states) == 7
+    # bertlab's inference products run on oneDNN, its sums ordered differently from the BLAS
+    # transformers calls: within 1e-5 at the real tokens. Padding positions mean nothing (each
+    # layer sends them a little further from the real ones' values); they stay within 1e-4.
+    # With fast inference off, every position is equal bit for bit (the test below).
+    real = enc["attention_mask"].bool()
     for i, (g, r) in enumerate(zip(got.hidden_states, ref.hidden_states, strict=True)):
-        assert_close(g, r, f"hidden_states[{i}]")
-    assert_close(got.last_hidden_state, ref.last_hidden_state, "last_hidden_state")
+        assert_close(g[real], r[real], f"hidden_states[{i}]")
+        assert_close(g[~real], r[~real], f"hidden_states[{i}] at padding", atol=1e-4)
+    assert_close(got.last_hidden_state[real], ref.last_hidden_state[real], "last_hidden_state")
     assert_close(got.pooler_output, ref.pooler_output, "pooler_output")
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_without_fast_inference_every_hidden_state_is_transformers_bit_for_bit(
+    attn, model_dir, hf_models, tokenizer
+):
+    model = bertlab.BertModel.from_pretrained(model_dir, attn_implementation=attn)
+    model.set_fast_inference(False)
+    enc = tokenizer(SENTENCES, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        ref = hf_models[attn](**enc, output_hidden_states=True)
+        got = model(**enc, output_hidden_states=True)
+    for i, (g, r) in enumerate(zip(got.hidden_states, ref.hidden_states, strict=True)):
+        assert torch.equal(g, r), f"hidden_states[{i}]: max abs difference {(g - r).abs().max()}"
+    assert torch.equal(got.pooler_output, ref.pooler_output)
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])

@@ -117,8 +117,26 @@ def bertlab_runner(model_dir: Path, precision: str) -> Runner:
             raise Unavailable("this CPU has no bfloat16 support in oneDNN")
         model = model.to(torch.bfloat16)
     elif precision == "int8":
-        model = quantize_int8(model)
+        from bertlab.tokenizer import BertTokenizer
+
+        model = quantize_int8(
+            model, calibrate=calibration_batches(BertTokenizer.from_pretrained(model_dir))
+        )
     return torch_runner(model)
+
+
+CALIBRATION = 128  # sentences
+
+
+def calibration_batches(tokenizer: Any) -> list[dict[str, torch.Tensor]]:
+    """int8's calibration inputs: the first CALIBRATION sentences of the bundled SST-2 dev
+    sample (film reviews), never the benchmark's own texts, in batches of 32."""
+    lines = (SAMPLES / "sst2_dev.tsv").read_text(encoding="utf-8").splitlines()[1:]
+    texts = [line.split("\t")[0] for line in lines][:CALIBRATION]
+    return [
+        dict(tokenizer(texts[i : i + 32], padding=True, return_tensors="pt"))
+        for i in range(0, len(texts), 32)
+    ]
 
 
 def torch_runner(model: torch.nn.Module) -> Runner:

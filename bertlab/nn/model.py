@@ -291,10 +291,27 @@ class BertPreTrainedModel(TransformersSurface, nn.Module):
         self._install_fast_modules()
         return result
 
+    # False: the paper's modules only, every product through PyTorch's own BLAS as transformers
+    # computes it (bit for bit equal on the same machine). True (the default): the inference
+    # twins of fast.py, whose float32 sums are ordered differently (about 1e-6 relative).
+    fast_inference: bool = True
+
+    def set_fast_inference(self, enabled: bool) -> None:
+        """Turn the inference twins (fast.py: oneDNN products on packed weights, fused epilogues,
+        the encoder run without module calls) on or off for this model. Off, the forward is the
+        paper's modules and nothing else: use it to reproduce another library's float32
+        numbers exactly. Training is the same either way."""
+        if not isinstance(enabled, bool):
+            raise TypeError(f"enabled must be True or False, got {enabled!r}")
+        for m in self.modules():  # the model and any bertlab model inside it (a head's encoder)
+            if isinstance(m, BertPreTrainedModel):
+                m.fast_inference = enabled
+        self._install_fast_modules()
+
     def _install_fast_modules(self) -> None:
         from bertlab.nn import fast  # imported here: fast.py builds on the classes of this file
 
-        fast.install(self)
+        fast.install(self) if self.fast_inference else fast.uninstall(self)
 
     def _init_weights(self, module: nn.Module) -> None:
         std = self.config.initializer_range
