@@ -308,6 +308,17 @@ class BertPreTrainedModel(TransformersSurface, nn.Module):
                 m.fast_inference = enabled
         self._install_fast_modules()
 
+    def train(self, mode: bool = True) -> BertPreTrainedModel:
+        """As nn.Module.train (and ``eval()``, which calls it); the packed weights of fast
+        inference are dropped, to be made again from the weights as they are now. A fused
+        optimizer (``torch.optim.AdamW(fused=True)``, the Trainer's default) updates weights
+        without moving their version counters; switching to eval() after training is what
+        tells fast inference that they changed."""
+        from bertlab.nn import fused
+
+        fused.forget(self)
+        return super().train(mode)
+
     def _install_fast_modules(self) -> None:
         from bertlab.nn import fast  # imported here: fast.py builds on the classes of this file
 
@@ -416,7 +427,9 @@ class BertModel(BertPreTrainedModel):
         if kernel == "packed" and output_attentions:
             kernel = "sdpa"  # the packed kernel gives no probabilities: this call runs padded
         device = (input_ids if input_ids is not None else inputs_embeds).device
-        layout = enter(kernel, attention_mask, B, T, device, self.spare_rows)
+        # spare rows only where no gradient can be recorded (adapters may add one to any layer)
+        spare = None if torch.is_grad_enabled() else self.spare_rows
+        layout = enter(kernel, attention_mask, B, T, device, spare)
         tokens = layout.inputs(input_ids, token_type_ids, position_ids, inputs_embeds)
         x = layout.grow(self.embeddings(*tokens))  # (B, T, H), or (N, H) packed
         x, hidden_states, attentions = self.encoder(
