@@ -35,6 +35,8 @@ def test_demo_journey_fine_tunes_and_classifies(capsys, tmp_path):
         str(tmp_path / "demo"),
         "--sentence",
         "a dull , lifeless and boring mess",
+        "--seconds",  # all 32 steps however busy the machine: a budget would scale them down
+        "3600",
     )
     assert code == 0
     accuracy = float(re.search(r"Dev accuracy: ([0-9.]+) on 1,000 held-out", out).group(1))

@@ -137,7 +137,11 @@ def test_fill_mask_top_k(tmp_path):
         p = ref(**enc).logits[0, pos].softmax(-1)
     top = p.topk(4)
     assert [g["token"] for g in got] == top.indices.tolist()
-    assert max(abs(g["score"] - float(v)) for g, v in zip(got, top.values, strict=True)) < 1e-5
+    # Scrambled weights drive these logits to |16| through six layers, where float32 products
+    # summed in another order (oneDNN's blocking on one CPU, MKL's on another) differ by up to
+    # 2e-4; a probability moves by p * that. The real checkpoint's parity (1e-5) is held in
+    # test_real_checkpoint.py.
+    assert max(abs(g["score"] - float(v)) for g, v in zip(got, top.values, strict=True)) < 5e-5
     assert got[0]["sequence"].startswith("paris is the ")
     two = pipeline("fill-mask", str(folder))("[MASK] is the [MASK] of France.", top_k=2)
     assert len(two) == 2 and all(len(m) == 2 for m in two)

@@ -106,15 +106,13 @@ Runner = Callable[[dict[str, np.ndarray]], np.ndarray]  # a batch -> (B, H) embe
 
 def bertlab_runner(model_dir: Path, precision: str) -> Runner:
     from bertlab.nn.model import BertModel
-    from bertlab.nn.precision import quantize_int8
+    from bertlab.nn.precision import bf16_supported, quantize_int8
 
     model = BertModel.from_pretrained(model_dir, dtype=torch.float32, add_pooling_layer=False)
     if precision == "bf16":
-        if (
-            not torch.backends.mkldnn.is_available()
-            or not torch.ops.mkldnn._is_mkldnn_bf16_supported()
-        ):
-            raise Unavailable("this CPU has no bfloat16 support in oneDNN")
+        why = bf16_supported()
+        if why is not None:
+            raise Unavailable(why)
         model = model.to(torch.bfloat16)
     elif precision == "int8":
         from bertlab.tokenizer import BertTokenizer

@@ -40,6 +40,16 @@ HIGHER_PRECISION = (
 )
 
 
+def bf16_supported() -> str | None:
+    """None when this CPU runs bfloat16 products natively (oneDNN: AVX512-BF16 or AMX), else
+    why not."""
+    if not torch.backends.mkldnn.is_available():
+        return "this PyTorch build has no oneDNN, which runs bfloat16 products on the CPU"
+    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return "this CPU has no bfloat16 instructions (AVX512-BF16 or AMX) for oneDNN"
+    return None
+
+
 def int8_supported() -> str | None:
     """None when this machine runs the int8 kernels natively, else why not (by name)."""
     if not hasattr(torch, "_int_mm"):
