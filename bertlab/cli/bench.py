@@ -8,6 +8,8 @@ bertlab bench memory                   what gradient checkpointing saves in a tr
 bertlab bench runtimes                 bertlab against ONNX Runtime, OpenVINO and transformers
 bertlab bench pretrain                 one pre-training run on each side
 bertlab bench finetune TASK            one fine-tuning run on each side, same time budget
+bertlab bench precision TASK           a fine-tuned model's dev figures in float32, bf16, int8
+bertlab bench serve                    HTTP servers under load: bertlab, FastAPI + ST, Infinity
 
 ``bertlab bench [WORKLOAD ...] [options]`` with no subcommand is ``bertlab bench speed``. Each
 command parses, calls one function of ``bertlab.bench`` and prints; Ctrl-C during ``speed``
@@ -27,7 +29,17 @@ import torch
 
 from bertlab.files import BUNDLED_NAMES
 
-SUBCOMMANDS = ("speed", "tokenizer", "int8", "memory", "runtimes", "pretrain", "finetune")
+SUBCOMMANDS = (
+    "speed",
+    "tokenizer",
+    "int8",
+    "memory",
+    "runtimes",
+    "pretrain",
+    "finetune",
+    "precision",
+    "serve",
+)
 DEFAULT = "speed"  # what `bertlab bench` runs when no subcommand is named
 INTERRUPTED = 130  # the exit status of a run stopped by Ctrl-C (128 + SIGINT)
 
@@ -281,6 +293,67 @@ def cmd_bench_finetune(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_precision(args: argparse.Namespace) -> int:
+    from bertlab.bench.precision import PRECISIONS, bench_precision, format_precision
+    from bertlab.bench.speed import check_counts, machine
+    from bertlab.train.finetune import TASKS, FinetuneConfig
+
+    if args.task not in TASKS:
+        raise ValueError(
+            f"bench precision takes one task, one of {', '.join(TASKS)}; got {args.task or 'none'}"
+        )
+    if not (args.model and args.train and args.dev):
+        raise ValueError(
+            "bench precision needs --model (a fine-tuned folder), --train (the file it was "
+            "fine-tuned on: labels and int8 calibration) and --dev (the file it is scored on)"
+        )
+    if not Path(args.model, "config.json").is_file():
+        raise FileNotFoundError(f"--model {args.model}: no config.json there (a model folder?)")
+    check_counts(threads=args.threads)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    config = FinetuneConfig(
+        task=args.task, train=args.train, dev=args.dev, model=args.model, max_length=args.max_length
+    )
+    precisions = tuple(_csv(args.precisions)) if args.precisions else PRECISIONS
+    r = bench_precision(config, precisions, tolerance=args.tolerance, progress=True)
+    print(format_precision(r))
+    return _finish(args, {"machine": machine(), "precision": r}, None)
+
+
+def cmd_bench_serve(args: argparse.Namespace) -> int:
+    from bertlab.bench.serve import (
+        SYSTEMS,
+        WORKLOADS,
+        bench_serve,
+        markdown_table,
+        plot,
+        summary_lines,
+    )
+
+    if args.plot and not Path(args.plot).parent.is_dir():
+        raise FileNotFoundError(f"--plot {args.plot}: the folder does not exist")
+    report = bench_serve(
+        tuple(_csv(args.systems)) if args.systems is not None else SYSTEMS,
+        tuple(_csv(args.workloads)) if args.workloads is not None else WORKLOADS,
+        model=args.model,
+        seconds=args.seconds,
+        concurrency=args.concurrency,
+        requests=args.requests,
+        warmup=args.warmup,
+        threads=args.threads,
+        infinity_venv=args.infinity_venv,
+        progress=lambda line: print(line, file=sys.stderr, flush=True),
+    )
+    m = report["machine"]
+    print(f"{m['cpu']}, {report['threads']} threads per server; {report['texts']}")
+    print(markdown_table(report))
+    for line in summary_lines(report):
+        print(line)
+    code = _finish(args, report, lambda path: plot(report, path))
+    return 1 if report["failed"] else code  # a server that died is a failed run
+
+
 # ============================================================================ parsers
 def add_bench_parsers(sub: argparse._SubParsersAction) -> None:
     from bertlab.bench.speed import DRAWS, KERNELS, SUITE
@@ -432,6 +505,55 @@ def add_bench_parsers(sub: argparse._SubParsersAction) -> None:
     fine.add_argument("--threads", type=int, help="torch threads for both sides")
     common(fine)
     fine.set_defaults(func=cmd_bench_finetune)
+
+    prec = what.add_parser(
+        "precision", help="a fine-tuned model's dev figures in float32, bfloat16 and int8"
+    )
+    prec.add_argument("task", nargs="?", metavar="{" + ",".join(TASKS) + "}", help="the task")
+    prec.add_argument("--model", help="the fine-tuned model folder (bertlab finetune's output)")
+    prec.add_argument("--train", help="the file it was fine-tuned on (labels, int8 calibration)")
+    prec.add_argument("--dev", help="the file it is scored on")
+    prec.add_argument("--max-length", type=int, help="tokens (default 128; qa 384)")
+    prec.add_argument("--precisions", help="comma-separated (default float32,bfloat16,int8)")
+    prec.add_argument(
+        "--tolerance", type=float, default=0.05, help="int8: layers past this error stay float32"
+    )
+    prec.add_argument("--threads", type=int, help="torch threads")
+    common(prec, plot=False)
+    prec.set_defaults(func=cmd_bench_precision)
+
+    srv = what.add_parser(
+        "serve",
+        help="HTTP embedding servers under load: bertlab, FastAPI + sentence-transformers, "
+        "Infinity",
+        description="Each server in its own process, driven over loopback by concurrent "
+        "clients from this one: throughput (tokens/s, requests/s), p50/p95/p99 latency, errors "
+        "and server memory; bertlab also under 4x its saturating load (429s) and over "
+        "--requests requests (memory). A system that cannot run here is reported as not run.",
+    )
+    srv.add_argument(
+        "--model", default=BUNDLED_NAMES[0], help="the model folder every server loads"
+    )
+    srv.add_argument(
+        "--systems", help="comma-separated: bertlab, fastapi-st, infinity (default: all)"
+    )
+    srv.add_argument(
+        "--workloads", help="comma-separated: batch1, batch256, overload, memory (default: all)"
+    )
+    srv.add_argument("--seconds", type=float, default=30.0, help="timed seconds per workload")
+    srv.add_argument("--warmup", type=float, default=3.0, help="seconds before each, not counted")
+    srv.add_argument("--concurrency", type=int, default=32, help="clients of batch1 and memory")
+    srv.add_argument(
+        "--requests", type=int, default=100_000, help="requests of the memory workload"
+    )
+    srv.add_argument("--threads", type=int, help="threads of every server (default: the cores)")
+    srv.add_argument(
+        "--infinity-venv",
+        metavar="PATH",
+        help='a virtual environment with infinity-emb (benchmarks/README.md, "Serving over HTTP")',
+    )
+    common(srv)
+    srv.set_defaults(func=cmd_bench_serve)
 
 
 def default_subcommand(argv: list[str]) -> list[str]:

@@ -13,6 +13,7 @@ bertlab finetune {classify,tag,qa}    fine-tune on labelled data, evaluate, keep
 bertlab predict TASK [TEXT ...]       fill-mask, embed, classify, tag, answer: args, file or stdin
 bertlab bench {speed,tokenizer,int8,pretrain,finetune}  side by side with transformers
 bertlab convert SRC DEST              an original TensorFlow BERT checkpoint -> a model folder
+bertlab serve MODEL [MODEL ...]       an HTTP inference server with dynamic packed batching
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from bertlab.cli.bench import add_bench_parsers, default_subcommand
 from bertlab.cli.convert import add_parsers as add_convert_parsers
 from bertlab.cli.explore import add_parsers as add_explore_parsers
 from bertlab.cli.export import add_parsers as add_export_parsers
+from bertlab.cli.serve import add_parsers as add_serve_parsers
 from bertlab.cli.tasks import add_task_parsers
 from bertlab.files import BUNDLED_NAMES, resolve_model_dir
 from bertlab.nn.config import PRESETS, resolve_source
@@ -401,6 +403,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_export_parsers(sub)
     add_convert_parsers(sub)
     add_explore_parsers(sub)
+    add_serve_parsers(sub)
 
     add_bench_parsers(sub)
     return p

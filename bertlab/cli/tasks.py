@@ -167,8 +167,21 @@ def _inputs(args: argparse.Namespace) -> list:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
+    import os
+
     from bertlab.pipelines import pipeline
 
+    if args.out is not None:
+        return _predict_corpus(args)
+    given = [
+        f"--{n}"
+        for n in ("format", "resume", "overwrite", "chunk_lines")
+        if getattr(args, n) not in (None, False)
+    ]
+    if given:
+        raise ValueError(f"{', '.join(given).replace('_', '-')} goes with --out FILE only")
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ValueError("under torchrun, predict writes to --out (each process takes chunks)")
     items = _inputs(args)  # read and checked before the model is loaded
     pipe = pipeline(args.task, args.model, args.device, args.batch_size)
     outputs = pipe.run(
@@ -183,6 +196,48 @@ def cmd_predict(args: argparse.Namespace) -> int:
     line = pipe.json_line if args.json else pipe.text
     for item, result in zip(items, outputs, strict=True):
         print(line(item, result))
+    return 0
+
+
+def _predict_corpus(args: argparse.Namespace) -> int:
+    """``--file F --out OUT``: streamed, in chunks that resume, over torchrun's processes."""
+    from bertlab.pipelines.corpus import CHUNK_LINES, CorpusJob, predict_corpus, torchrun_group
+
+    if args.text or not args.file:
+        raise ValueError("--out reads --file FILE (texts as arguments or on stdin cannot resume)")
+    job = CorpusJob(
+        task=args.task,
+        file=args.file,
+        out=args.out,
+        model=args.model,
+        format=args.format,
+        batch_size=args.batch_size,
+        device=args.device,
+        top_k=args.top_k,
+        pair=args.pair,
+        pooling=args.pooling,
+        normalize=not args.no_normalize,
+        resume=args.resume,
+        overwrite=args.overwrite,
+        chunk_lines=CHUNK_LINES if args.chunk_lines is None else args.chunk_lines,
+    )
+    with torchrun_group():
+        try:
+            r = predict_corpus(job)
+        except KeyboardInterrupt:
+            print(
+                f"\ninterrupted; the finished chunks are kept in {args.out}.parts; continue "
+                "with the same command and --resume",
+                file=sys.stderr,
+            )
+            return 130
+    if r.out is not None:
+        again = f", {r.reused} of them found done" if r.reused else ""
+        print(
+            f"wrote {r.rows:,} results to {r.out} ({r.format}; {r.chunks} chunk"
+            f"{'s' if r.chunks > 1 else ''}{again}; {r.processes} process"
+            f"{'es' if r.processes > 1 else ''})"
+        )
     return 0
 
 
@@ -278,6 +333,8 @@ def add_task_parsers(sub: argparse._SubParsersAction) -> None:
     ft.add_argument("--overwrite", action="store_true", help="replace the run in --output")
     ft.set_defaults(func=cmd_finetune)
 
+    from bertlab.pipelines.corpus import CHUNK_LINES, FORMATS
+
     pr = sub.add_parser("predict", help="fill-mask, embed, classify, tag or answer")
     pr.add_argument("task", choices=["fill-mask", "embed", "classify", "tag", "answer"])
     pr.add_argument("text", nargs="*", help="inputs (default: --file, else standard input)")
@@ -292,7 +349,25 @@ def add_task_parsers(sub: argparse._SubParsersAction) -> None:
     pr.add_argument("--pooling", choices=["mean", "cls"], default="mean", help="embed")
     pr.add_argument("--no-normalize", action="store_true", help="embed: keep the length")
     pr.add_argument("--batch-size", type=int, default=32)
-    pr.add_argument("--device", default="cpu")
+    pr.add_argument("--device", default="cpu", help="cpu or cuda (under torchrun: one per process)")
+    pr.add_argument(
+        "--out",
+        help="embed, classify, tag: stream --file into this file, in chunks that --resume "
+        "continues; torchrun spreads the chunks over its processes",
+    )
+    pr.add_argument(
+        "--format",
+        choices=FORMATS,
+        help="--out's format: JSON lines as --json, or embed's vectors as an (N, H) float32 "
+        ".npy or Parquet (default: from --out's suffix, else jsonl)",
+    )
+    pr.add_argument("--resume", action="store_true", help="continue an interrupted --out run")
+    pr.add_argument("--overwrite", action="store_true", help="replace --out and its parts")
+    pr.add_argument(
+        "--chunk-lines",
+        type=int,
+        help=f"input lines per part file of --out (default: {CHUNK_LINES})",
+    )
     pr.set_defaults(func=cmd_predict)
 
     plot = sub.add_parser("plot", help="a run's loss and accuracy curves to PNG")

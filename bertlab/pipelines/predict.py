@@ -73,7 +73,6 @@ class ClassifyPipeline(Pipeline):
         pair_items = None if pairs is None else _texts(pairs)[0]
         if pair_items is not None and len(pair_items) != len(items):
             raise ValueError(f"{len(items)} texts but {len(pair_items)} pairs")
-        names = self.model.config.labels
         results: list = []
         for start in range(0, len(items), self.batch_size):
             chunk = items[start : start + self.batch_size]
@@ -81,15 +80,17 @@ class ClassifyPipeline(Pipeline):
             enc = self._encode(chunk, pchunk, return_attention_mask=False)
             feats = _features(enc)
             out, _ = self._run(feats)
-            logits = out.logits.float().cpu()
-            if self.model.config.problem_type == "regression" or logits.shape[-1] == 1:
-                results += [{"value": float(x)} for x in logits[:, 0]]
-                continue
-            probs = logits.softmax(-1)
-            for row in probs:
-                order = row.argsort(descending=True).tolist()[: top_k or len(names)]
-                results.append([{"label": names[i], "score": float(row[i])} for i in order])
+            results += [self.labels(row, top_k) for row in out.logits.float().cpu()]
         return results[0] if single else results
+
+    def labels(self, logits: torch.Tensor, top_k: int | None = 1) -> list[dict] | dict:
+        """One text's (C,) logits -> its ``top_k`` labels by probability (softmax), best first
+        (None: every label), or {"value"} for a regression model."""
+        if self.model.config.problem_type == "regression" or logits.shape[-1] == 1:
+            return {"value": float(logits[0])}
+        names, row = self.model.config.labels, logits.float().softmax(-1)
+        order = row.argsort(descending=True).tolist()[: top_k or len(names)]
+        return [{"label": names[i], "score": float(row[i])} for i in order]
 
     def run(self, items: list, top_k: int | None = None, pair: str | None = None, **_: Any) -> list:
         """``pair``: one second text for every input."""
@@ -112,7 +113,6 @@ class TagPipeline(Pipeline):
 
     def __call__(self, texts: str | list[str]) -> list:
         items, single = _texts(texts)
-        names = self.model.config.labels
         results = []
         for chunk in _batches(items, self.batch_size):
             enc = self._encode(chunk, return_offsets_mapping=True, return_attention_mask=False)
@@ -120,32 +120,52 @@ class TagPipeline(Pipeline):
             out, _ = self._run(feats)
             probs = out.logits.float().softmax(-1).cpu()
             for r, text in enumerate(chunk):
-                word_ids, offsets = enc.word_ids(r), enc["offset_mapping"][r]
-                words: dict[int, dict] = {}  # word -> its span, first-piece label and score
-                for p, w in enumerate(word_ids):
-                    if w is None:
-                        continue
-                    if w not in words:
-                        best = int(probs[r, p].argmax())
-                        words[w] = {
-                            "label": names[best],
-                            "score": float(probs[r, p, best]),
-                            "start": offsets[p][0],
-                            "end": offsets[p][1],
-                        }
-                    words[w]["end"] = offsets[p][1]  # the word's later pieces extend it
-                order = sorted(words)
-                tags = to_iob2([words[w]["label"] for w in order])
-                entities = []
-                for kind, first, last in sorted(conll_entities(tags), key=lambda c: c[1]):
-                    span = [words[order[i]] for i in range(first, last + 1)]
-                    a, b = span[0]["start"], span[-1]["end"]
-                    score = sum(s["score"] for s in span) / len(span)
-                    entities.append(
-                        {"entity": kind, "text": text[a:b], "start": a, "end": b, "score": score}
-                    )
-                results.append(entities)
+                results.append(
+                    self.entities(text, enc.word_ids(r), enc["offset_mapping"][r], probs[r])
+                )
         return results[0] if single else results
+
+    def words(
+        self, word_ids: list[int | None], offsets: list[tuple[int, int]], probs: torch.Tensor
+    ) -> list[dict]:
+        """One text's words in order from its pieces' word ids, character offsets and (T, C)
+        label probabilities: each {label, score} of its first piece, and its {start, end}."""
+        names = self.model.config.labels
+        words: dict[int, dict] = {}
+        for p, w in enumerate(word_ids):
+            if w is None:
+                continue
+            if w not in words:
+                best = int(probs[p].argmax())
+                words[w] = {
+                    "label": names[best],
+                    "score": float(probs[p, best]),
+                    "start": offsets[p][0],
+                    "end": offsets[p][1],
+                }
+            words[w]["end"] = offsets[p][1]  # the word's later pieces extend it
+        return [words[w] for w in sorted(words)]
+
+    def entities(
+        self,
+        text: str,
+        word_ids: list[int | None],
+        offsets: list[tuple[int, int]],
+        probs: torch.Tensor,
+    ) -> list[dict]:
+        """One text's entities (``words`` grouped by the conlleval rules), each with its text,
+        character span and mean word score."""
+        words = self.words(word_ids, offsets, probs)
+        tags = to_iob2([w["label"] for w in words])
+        entities = []
+        for kind, first, last in sorted(conll_entities(tags), key=lambda c: c[1]):
+            span = words[first : last + 1]
+            a, b = span[0]["start"], span[-1]["end"]
+            score = sum(s["score"] for s in span) / len(span)
+            entities.append(
+                {"entity": kind, "text": text[a:b], "start": a, "end": b, "score": score}
+            )
+        return entities
 
     @classmethod
     def text(cls, item: str, result: list[dict]) -> str:
@@ -176,7 +196,30 @@ class AnswerPipeline(Pipeline):
         max_query_length: int = 64,
         allow_no_answer: bool = False,
     ) -> dict | list[dict]:
-        from bertlab.data.squad import SquadData, SquadExample, best_answers, encode_squad
+        data, features = self.windows(question, context, max_length, doc_stride, max_query_length)
+        starts, ends = [], []
+        for chunk in _batches(features, self.batch_size):
+            out, _ = self._run(chunk)
+            for r, f in enumerate(chunk):
+                n = len(f["input_ids"])
+                starts.append(out.start_logits[r, :n].float().cpu())
+                ends.append(out.end_logits[r, :n].float().cpu())
+        answers = self.answers(
+            data, features, starts, ends, top_k, max_answer_length, allow_no_answer
+        )
+        return answers[0] if top_k == 1 else answers
+
+    def windows(
+        self,
+        question: str,
+        context: str,
+        max_length: int = 384,
+        doc_stride: int = 128,
+        max_query_length: int = 64,
+    ) -> tuple[Any, list[dict]]:
+        """The question over windows of the context (``doc_stride`` tokens apart): the example
+        (a ``SquadData`` of one) and the windows' features, each with its context offsets."""
+        from bertlab.data.squad import SquadData, SquadExample, encode_squad
 
         if not question.strip():
             raise ValueError("the question is empty")
@@ -189,13 +232,23 @@ class AnswerPipeline(Pipeline):
             max_query_length=max_query_length,
             training=False,
         )
-        starts, ends = [], []
-        for chunk in _batches(features, self.batch_size):
-            out, _ = self._run(chunk)
-            for r, f in enumerate(chunk):
-                n = len(f["input_ids"])
-                starts.append(out.start_logits[r, :n].float().cpu())
-                ends.append(out.end_logits[r, :n].float().cpu())
+        return data, features
+
+    def answers(
+        self,
+        data: Any,
+        features: list[dict],
+        starts: list[torch.Tensor],
+        ends: list[torch.Tensor],
+        top_k: int = 1,
+        max_answer_length: int = 30,
+        allow_no_answer: bool = False,
+    ) -> list[dict]:
+        """The ``top_k`` best spans over the windows, from each window's (n,) start and end
+        logits, with their probability (start x end, softmax over the window) and character
+        offsets; with ``allow_no_answer`` the empty answer where [CLS] scores higher."""
+        from bertlab.data.squad import best_answers
+
         T = max(len(s) for s in starts)
         S = torch.full((len(starts), T), float("-inf"))
         E = torch.full((len(starts), T), float("-inf"))
@@ -233,7 +286,7 @@ class AnswerPipeline(Pipeline):
             answers = [null, *answers][:top_k]
         if not answers:
             answers = [{"answer": "", "start": 0, "end": 0, "score": 0.0}]
-        return answers[0] if top_k == 1 else answers
+        return answers
 
     @classmethod
     def parse(cls, line: str, n: int, context: str | None = None, **_: Any) -> dict[str, str]:
@@ -322,43 +375,48 @@ class FillMaskPipeline(Pipeline):
             for r, f in enumerate(chunk):
                 ids = f["input_ids"]
                 masks = [p for p, t in enumerate(ids) if t == mask_id]
-                probs = out.logits[r, masks].float().softmax(-1).cpu()  # (M, V)
-                if targets is not None:
-                    probs = probs[:, targets]
-                top = probs.topk(top_k)
-                best = [
-                    [
-                        (float(v), targets[i] if targets else i)
-                        for v, i in zip(vs, js.tolist(), strict=True)
-                    ]
-                    for vs, js in zip(top.values.tolist(), top.indices, strict=True)
-                ]
-                found.append((ids, masks, best))
+                found.append((ids, masks, self.top(out.logits[r, masks], top_k, targets)))
         return found
+
+    @staticmethod
+    def top(logits: torch.Tensor, top_k: int, targets: list[int] | None) -> list[list[tuple]]:
+        """(M, V) logits at a text's [MASK]s -> per [MASK] its ``top_k`` (probability, id),
+        ranked among ``targets`` only when given."""
+        probs = logits.float().softmax(-1).cpu()
+        if targets is not None:
+            probs = probs[:, targets]
+        top = probs.topk(top_k)
+        return [
+            [(float(v), targets[i] if targets else i) for v, i in zip(vs, js.tolist(), strict=True)]
+            for vs, js in zip(top.values.tolist(), top.indices, strict=True)
+        ]
+
+    def candidates(self, ids: list[int], masks: list[int], best: list[list[tuple]]) -> list:
+        """One text's candidates in transformers' shape: a list per [MASK] (just the list when
+        there is one [MASK]) of {score, token, token_str, sequence}."""
+        one = len(masks) == 1  # several: the sequences keep [CLS], [SEP] and the other masks
+        rows = [
+            [
+                {
+                    "score": score,
+                    "token": t,
+                    "token_str": self.tokenizer.decode([t]),
+                    "sequence": self.tokenizer.decode(
+                        ids[:p] + [t] + ids[p + 1 :], skip_special_tokens=one
+                    ),
+                }
+                for score, t in candidates
+            ]
+            for p, candidates in zip(masks, best, strict=True)
+        ]
+        return rows[0] if one else rows
 
     def __call__(self, inputs: str | list[str], **options: Any) -> list:
         """One text: a list of candidates (a list of such lists when it has several [MASK]s);
         a list of texts: a list of those (a list of one text answers as that text alone)."""
         settings = self._settings(options)
         texts, single = _texts(inputs)
-        results = []
-        for ids, masks, best in self._fill(texts, **settings):
-            one = len(masks) == 1  # several: the sequences keep [CLS], [SEP] and the other masks
-            rows = [
-                [
-                    {
-                        "score": score,
-                        "token": t,
-                        "token_str": self.tokenizer.decode([t]),
-                        "sequence": self.tokenizer.decode(
-                            ids[:p] + [t] + ids[p + 1 :], skip_special_tokens=one
-                        ),
-                    }
-                    for score, t in candidates
-                ]
-                for p, candidates in zip(masks, best, strict=True)
-            ]
-            results.append(rows[0] if one else rows)
+        results = [self.candidates(*found) for found in self._fill(texts, **settings)]
         return results[0] if single or len(results) == 1 else results
 
     def run(self, items: list, top_k: int | None = None, **_: Any) -> list:

@@ -1,0 +1,412 @@
+"""``bertlab bench serve``: HTTP embedding servers under load, each its own process, driven over
+loopback from this one.
+
+Systems, each started from a command line and waited for until its health route answers:
+* ``bertlab``: ``bertlab serve DIR`` (``POST /embed``);
+* ``fastapi-st``: FastAPI + sentence-transformers as one would write it plainly
+  (``bertlab.bench.st_server``: one ``encode`` per request in FastAPI's thread pool);
+* ``infinity``: ``infinity_emb v2`` (torch engine, CPU) from a virtual environment of its own
+  (``--infinity-venv``: it pins older sentence-transformers, transformers and numpy), serving
+  ``POST /embeddings`` OpenAI-style.
+Every server gets the same model folder and thread count. One that cannot run here is reported
+as not run, with the reason; one that dies while starting, with the end of its output.
+
+The load (``bertlab.bench.load``): asyncio clients over HTTP/1.1 keep-alive (httpx), a fixed
+number of them, each sending its next request when its last one is answered (a closed loop).
+Requests hold real sentences, the bundled SST-2 samples (dev, then train) in order, cycling;
+tokens are counted with bertlab's tokenizer ([CLS] and [SEP] included), so tokens/s means the
+same for every system. A warm-up runs first and is not counted. Latency runs from sending a
+request to having read its answer, in the client; percentiles are nearest-rank (p99 is a
+latency some request had). A 200 is a success (the first answer and every 100th are parsed:
+one vector per sentence, one width); a 429 is counted apart from the errors (any other status,
+or no answer). Server memory is the resident set (VmRSS in /proc/PID/status, the process and
+its children), sampled twice a second.
+
+Workloads:
+* ``batch1``: ``--concurrency`` clients, one sentence per request (many short queries);
+* ``batch256``: 4 clients, 256 sentences per request (the load of Infinity's own benchmarks);
+* ``overload`` (bertlab only): clients are doubled from 1 until requests/s grows by less than
+  10%; the saturating concurrency S is the smallest within 10% of the best. A fresh server with
+  ``--max-concurrent-requests S`` then gets 4 S clients; a client turned away waits the median
+  latency at S before it asks again, so each offers about the load of a served one. Reported:
+  the share of 429s (0.75 if exactly S are admitted) and the p99 of admitted requests against
+  the p99 at S with no limit and no excess (the unloaded p99);
+* ``memory`` (bertlab only): a fresh server, batch-1 requests from ``--concurrency`` clients;
+  its RSS before the first request, after the first 1,000, and every tenth of ``--requests``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bertlab.bench.load import (
+    HOST,
+    Request,
+    Server,
+    ServerError,
+    ServerSpec,
+    build_requests,
+    free_port,
+    run_phase,
+    running,
+)
+from bertlab.bench.speed import SAMPLES, machine
+
+SYSTEMS = ("bertlab", "fastapi-st", "infinity")
+WORKLOADS = ("batch1", "batch256", "overload", "memory")
+COMPARED = ("batch1", "batch256")  # every system; overload and memory are bertlab's alone
+BATCH, BATCH_CLIENTS = 256, 4
+FIRST = 1000  # memory is read after the first FIRST requests
+SWEEP = (1, 2, 4, 8, 16, 32, 64)  # the overload workload's search for the saturating load
+OVERLOAD = 4  # times the saturating concurrency
+MODEL_NAME = "bench-model"  # the name Infinity serves the model under
+
+
+class Unavailable(Exception):
+    """A system that cannot run here: the reason is reported as "not run"."""
+
+
+def embed_body(texts: list[str]) -> dict:
+    """TEI's ``/embed`` request (bertlab serve and fastapi-st); one sentence as a string."""
+    return {"inputs": texts[0] if len(texts) == 1 else texts, "normalize": True}
+
+
+def openai_body(texts: list[str]) -> dict:
+    return {"input": texts[0] if len(texts) == 1 else texts, "model": MODEL_NAME}
+
+
+def openai_vectors(answer: dict) -> list:
+    return [d["embedding"] for d in answer["data"]]
+
+
+def _version(dist: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def bertlab_spec(
+    model_dir: str, port: int | str, threads: int, limit: int | None = None
+) -> ServerSpec:
+    if importlib.util.find_spec("bertlab.serve") is None:
+        raise Unavailable("this bertlab has no server yet (no bertlab.serve module)")
+    missing = [m for m in ("starlette", "uvicorn") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise Unavailable(f"{', '.join(missing)} not installed (pip install 'bertlab[serve]')")
+    command = [sys.executable, "-m", "bertlab.cli.main", "serve", model_dir, "--host", HOST]
+    command += ["--port", str(port), "--threads", str(threads), "--log-level", "warning"]
+    command += ["--max-client-batch-size", str(BATCH)]  # its default, TEI's, is 32 texts
+    command += ["--max-concurrent-requests", str(limit)] if limit else []
+    return ServerSpec("bertlab", command, "/embed", embed_body, list, _version("bertlab"))
+
+
+def fastapi_st_spec(model_dir: str, port: int | str, threads: int) -> ServerSpec:
+    need = ("fastapi", "uvicorn", "sentence_transformers")
+    missing = [m for m in need if importlib.util.find_spec(m) is None]
+    if missing:
+        raise Unavailable(f"{', '.join(missing)} not installed (pip install fastapi uvicorn)")
+    command = [sys.executable, "-m", "bertlab.bench.st_server", model_dir, "--host", HOST]
+    command += ["--port", str(port), "--threads", str(threads)]
+    version = f"sentence-transformers {_version('sentence-transformers')}"
+    return ServerSpec("fastapi-st", command, "/embed", embed_body, list, version)
+
+
+def infinity_spec(model_dir: str, port: int | str, venv: str | None) -> ServerSpec:
+    if not venv:
+        raise Unavailable(
+            'no --infinity-venv given (set-up: benchmarks/README.md, "Serving over HTTP")'
+        )
+    exe = Path(venv) / "bin" / "infinity_emb"
+    if not exe.is_file():
+        raise Unavailable(f"--infinity-venv {venv}: no {exe} (pip install infinity-emb there)")
+    dist = sorted(Path(venv).glob("lib/python*/site-packages/infinity_emb-*.dist-info"))
+    version = dist[-1].name.removesuffix(".dist-info").split("-")[1] if dist else "unknown"
+    command = [str(exe), "v2", "--model-id", model_dir, "--served-model-name", MODEL_NAME]
+    command += ["--engine", "torch", "--device", "cpu", "--host", HOST, "--port", str(port)]
+    command += ["--log-level", "warning"]
+    return ServerSpec("infinity", command, "/embeddings", openai_body, openai_vectors, version)
+
+
+# ============================================================================ servers
+# ============================================================================ the load
+def serve_texts() -> list[str]:
+    """The bundled SST-2 sentences: dev, then train, in file order."""
+    texts = []
+    for name in ("sst2_dev.tsv", "sst2_train.tsv"):
+        lines = (SAMPLES / name).read_text(encoding="utf-8").splitlines()[1:]
+        texts += [line.split("\t")[0].strip() for line in lines if line.strip()]
+    return texts
+
+
+# ============================================================================ the benchmark
+def check_options(
+    systems: tuple[str, ...],
+    workloads: tuple[str, ...],
+    seconds: float,
+    concurrency: int,
+    requests: int,
+    warmup: float,
+) -> None:
+    """Refuse what cannot be run, naming the value, before any server starts."""
+    for kind, given, known in (("system", systems, SYSTEMS), ("workload", workloads, WORKLOADS)):
+        bad = [x for x in given if x not in known] or ([] if given else ["(none)"])
+        if bad:
+            raise ValueError(f"unknown {kind} {bad[0]!r}; choose from {', '.join(known)}")
+    if not 0 < seconds <= 3600:
+        raise ValueError(f"seconds must be above 0 and at most 3600; got {seconds:g}")
+    if not 1 <= concurrency <= 1024:
+        raise ValueError(f"concurrency must be from 1 to 1024; got {concurrency}")
+    if not FIRST <= requests <= 10_000_000:
+        raise ValueError(f"requests must be from {FIRST} to 10,000,000; got {requests}")
+    if not 0 <= warmup <= 600:
+        raise ValueError(f"warmup must be from 0 to 600 seconds; got {warmup:g}")
+
+
+@dataclass
+class Bench:
+    """What every phase of one benchmark shares."""
+
+    specs: dict[str, Callable[..., ServerSpec]]  # name -> (port, limit=None) -> its spec
+    texts: list[str]
+    tokens: list[int]
+    threads: int
+    work: Path
+    seconds: float
+    warmup: float
+    concurrency: int
+    progress: Callable[[str], None]
+
+    def server(self, name: str, limit: int | None = None):  # -> running(...)'s context
+        port = free_port()
+        self.progress(f"{name}: starting" + (f", at most {limit} requests in" if limit else ""))
+        return running(self.specs[name](port, limit), port, self.work, self.threads)
+
+    def phase(self, server: Server, requests: list[Request], clients: int, **kw) -> dict:
+        url, spec = server.url + server.spec.path, server.spec
+        return run_phase(url, requests, clients, vectors=spec.vectors, pid=server.proc.pid, **kw)
+
+
+def bench_serve(
+    systems: tuple[str, ...] = SYSTEMS,
+    workloads: tuple[str, ...] = WORKLOADS,
+    *,
+    model: str = "default",
+    seconds: float = 30.0,
+    concurrency: int = 32,
+    requests: int = 100_000,
+    warmup: float = 3.0,
+    threads: int | None = None,
+    infinity_venv: str | None = None,
+    progress: Callable[[str], None] = lambda _: None,
+) -> dict[str, Any]:
+    """Every system on the compared workloads; bertlab also under overload and for memory."""
+    from bertlab.files import resolve_model_dir
+    from bertlab.tokenizer import BertTokenizer
+
+    check_options(systems, workloads, seconds, concurrency, requests, warmup)
+    model_dir = str(resolve_model_dir(model))
+    threads = threads or os.cpu_count() or 1
+    texts = serve_texts()
+    ids = BertTokenizer.from_pretrained(model_dir)(texts, truncation=True, max_length=512)
+    tokens = [len(x) for x in ids["input_ids"]]
+    report: dict[str, Any] = {
+        "benchmark": "serve",
+        "machine": machine(),
+        "model": model_dir,
+        "texts": f"bertlab's bundled SST-2 samples, {len(texts):,} sentences of "
+        f"{sum(tokens) / len(texts):.1f} tokens on average",
+        "threads": threads,
+        "seconds": seconds,
+        "warmup_s": warmup,
+        "concurrency": concurrency,
+        "unavailable": {},
+        "failed": {},
+        "systems": {},
+    }
+    if "bertlab" not in systems:
+        for w in (w for w in workloads if w not in COMPARED):
+            report["unavailable"][w] = "bertlab's alone, and bertlab was not asked"
+    specs = {
+        "bertlab": lambda port, limit=None: bertlab_spec(model_dir, port, threads, limit),
+        "fastapi-st": lambda port, limit=None: fastapi_st_spec(model_dir, port, threads),
+        "infinity": lambda port, limit=None: infinity_spec(model_dir, port, infinity_venv),
+    }
+    with tempfile.TemporaryDirectory(prefix="bertlab-bench-serve-") as tmp:
+        bench = Bench(
+            specs, texts, tokens, threads, Path(tmp), seconds, warmup, concurrency, progress
+        )
+        for name in systems:
+            try:
+                spec = specs[name]("PORT")  # the command, as a template
+            except Unavailable as e:
+                report["unavailable"][name] = str(e)
+                progress(f"{name}: not run: {e}")
+                continue
+            row = report["systems"][name] = {"version": spec.version, "command": spec.command}
+            try:
+                bench_system(bench, name, spec, workloads, requests, row)
+            except ServerError as e:
+                report["failed"][name] = str(e)
+                progress(f"{name}: failed: {e}")
+    return report
+
+
+def bench_system(
+    bench: Bench, name: str, spec: ServerSpec, workloads: tuple[str, ...], count: int, row: dict
+) -> None:
+    """One system's workloads into ``row``: the compared ones on one server, then (bertlab's)
+    the saturation sweep on it, overload on a server with a limit, memory on a fresh one."""
+    batch1 = build_requests(bench.texts, bench.tokens, 1, spec.body)
+    loads = {
+        "batch1": (batch1, bench.concurrency),
+        "batch256": (build_requests(bench.texts, bench.tokens, BATCH, spec.body), BATCH_CLIENTS),
+    }
+    timed = {"seconds": bench.seconds, "warmup": bench.warmup}
+    own = name == "bertlab"
+    with bench.server(name) as server:
+        for w in (w for w in COMPARED if w in workloads):
+            bench.progress(f"{name}: {w}, {loads[w][1]} clients, {bench.seconds:g} s")
+            row[w] = bench.phase(server, *loads[w], **timed)
+        sweep = saturation(bench, server, batch1) if own and "overload" in workloads else None
+    if sweep is not None:
+        s = sweep["saturating_concurrency"]
+        with bench.server(name, limit=s) as server:
+            bench.progress(f"{name}: overload, {OVERLOAD * s} clients, {bench.seconds:g} s")
+            pause = (sweep["p50_ms"] or 0) / 1000
+            phase = bench.phase(server, batch1, OVERLOAD * s, reject_pause=pause, **timed)
+        admitted, unloaded = phase["latency_ms"]["p99"], sweep["p99_ms"]
+        row["overload"] = {
+            "saturating_concurrency": s,
+            "sweep": sweep["steps"],
+            "clients": phase["clients"],
+            "rejected_share": phase["rejected_share"],
+            "admitted_p99_ms": admitted,
+            "unloaded_p99_ms": unloaded,
+            "p99_ratio": admitted / unloaded if admitted and unloaded else None,
+            "batch1_p99_ms": row["batch1"]["latency_ms"]["p99"] if "batch1" in row else None,
+            "phase": phase,
+        }
+    if own and "memory" in workloads:
+        marks = tuple(sorted({FIRST, *range(count // 10, count + 1, count // 10)}))
+        with bench.server(name) as server:
+            bench.progress(f"{name}: memory, {count:,} requests")
+            phase = bench.phase(server, batch1, bench.concurrency, count=count, marks=marks)
+        first, last = (phase["rss_mib_at"].get(str(n)) for n in (FIRST, count))
+        row["memory"] = {
+            "requests": count,
+            "rss_mib_before": phase["server_rss_mib"]["start"],
+            "rss_mib_after_first": first,
+            "rss_mib_after_all": last,
+            "growth_mib": last - first if first is not None and last is not None else None,
+            "phase": phase,
+        }
+
+
+def saturation(bench: Bench, server: Server, requests: list[Request]) -> dict[str, Any]:
+    """Double the clients from 1 while requests/s grows by 10% or more; the saturating
+    concurrency is the smallest within 10% of the best requests/s."""
+    steps: list[dict[str, Any]] = []
+    for c in SWEEP:
+        r = bench.phase(server, requests, c, seconds=max(1.0, bench.seconds / 5), warmup=0.5)
+        steps.append({"clients": c, "requests_per_s": r["requests_per_s"], **r["latency_ms"]})
+        bench.progress(f"{server.spec.name}: {c} clients, {r['requests_per_s']:.0f} requests/s")
+        if len(steps) > 1 and r["requests_per_s"] < 1.1 * steps[-2]["requests_per_s"]:
+            break
+    best = max(s["requests_per_s"] for s in steps)
+    at = next(s for s in steps if s["requests_per_s"] >= 0.9 * best)
+    p50, p99 = at["p50"], at["p99"]
+    return {"saturating_concurrency": at["clients"], "p50_ms": p50, "p99_ms": p99, "steps": steps}
+
+
+# ============================================================================ the report
+def markdown_table(report: dict[str, Any]) -> str:
+    """One row per system and compared workload."""
+    out = [
+        "| system | workload | clients | requests/s | sentences/s | tokens/s | p50 ms | p95 ms "
+        "| p99 ms | errors | server RSS MiB (peak) |",
+        "|" + " --- |" * 11,
+    ]
+    for name, row in report["systems"].items():
+        for w in (w for w in COMPARED if w in row):
+            r, lat = row[w], row[w]["latency_ms"]
+            ms = [f"{lat[q]:.1f}" if lat[q] is not None else "n/a" for q in ("p50", "p95", "p99")]
+            rss = (r["server_rss_mib"] or {}).get("peak", math.nan)
+            out.append(
+                f"| {name} | {w} | {r['clients']} | {r['requests_per_s']:,.1f} | "
+                f"{r['texts_per_s']:,.0f} | {r['tokens_per_s']:,.0f} | {' | '.join(ms)} | "
+                f"{r['errors']} of {r['requests']:,} | {rss:,.0f} |"
+            )
+    return "\n".join(out)
+
+
+def summary_lines(report: dict[str, Any]) -> list[str]:
+    """The overload and memory findings, and what was not run, one line each."""
+    lines, row, nan = [], report["systems"].get("bertlab", {}), math.nan
+    if "overload" in row:
+        o = row["overload"]
+        lines.append(
+            f"overload: saturated at {o['saturating_concurrency']} clients; at {o['clients']} "
+            f"clients {o['rejected_share']:.0%} answered 429, admitted p99 "
+            f"{o['admitted_p99_ms'] or nan:.1f} ms against {o['unloaded_p99_ms'] or nan:.1f} ms "
+            f"unloaded ({o['p99_ratio'] or nan:.2f}x), {o['phase']['errors']} errors"
+        )
+    if "memory" in row:
+        m = row["memory"]
+        lines.append(
+            f"memory: server RSS {m['rss_mib_before']:.0f} MiB before the first request, "
+            f"{m['rss_mib_after_first'] or nan:.0f} MiB after {FIRST:,}, "
+            f"{m['rss_mib_after_all'] or nan:.0f} MiB after {m['requests']:,} "
+            f"({m['phase']['errors']} errors)"
+        )
+    lines += [f"{k}: not run: {v}" for k, v in report["unavailable"].items()]
+    lines += [f"{k}: failed: {v}" for k, v in report["failed"].items()]
+    return lines
+
+
+def plot(report: dict[str, Any], path: str | os.PathLike) -> None:
+    """Tokens/s and latency (p99 bars, p50 dots) per system and workload; bertlab's RSS along
+    the memory run when there is one."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    memory = report["systems"].get("bertlab", {}).get("memory")
+    fig, axes = plt.subplots(1, 3 if memory else 2, figsize=(14 if memory else 10, 4))
+    names = list(report["systems"])
+    width, seen = 0.8 / max(1, len(names)), []  # the latencies drawn
+    for k, name in enumerate(names):
+        rows = [report["systems"][name].get(w) or {} for w in COMPARED]
+        xs = [i + k * width for i in range(len(COMPARED))]
+        lat = [r.get("latency_ms", {}) for r in rows]
+        axes[0].bar(xs, [r.get("tokens_per_s", 0) for r in rows], width, label=name)
+        axes[1].bar(xs, [x.get("p99") or 0 for x in lat], width, label=name)
+        axes[1].plot(xs, [x.get("p50") or math.nan for x in lat], "k.")
+        seen += [v for x in lat for v in (x.get("p50"), x.get("p99")) if v]
+    for ax, label in ((axes[0], "real tokens/s"), (axes[1], "latency ms (bars p99, dots p50)")):
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(COMPARED))], COMPARED)
+        ax.set_ylabel(label)
+        ax.legend(fontsize=7)
+    axes[1].set_yscale("log")
+    if seen:  # a log scale's limits, from what was drawn (the bars start at 0)
+        axes[1].set_ylim(min(seen) / 1.5, max(seen) * 1.5)
+    if memory:
+        at = {"0": memory["rss_mib_before"], **memory["phase"]["rss_mib_at"]}
+        axes[2].plot([int(k) for k in at], list(at.values()), "o-")
+        axes[2].set_xlabel("requests answered")
+        axes[2].set_ylabel("bertlab server RSS MiB")
+    fig.suptitle(f"{report['machine']['cpu']}, {report['threads']} threads", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,58 @@
+"""The plain baseline of ``bertlab bench serve``: FastAPI + sentence-transformers, as one would
+write it in an afternoon. One ``SentenceTransformer(DIR).encode(...)`` per request, in FastAPI's
+thread pool (a plain ``def`` route), no batching across requests, no admission control.
+
+    python -m bertlab.bench.st_server DIR --port P [--host 127.0.0.1] [--threads N]
+
+Routes, the same shapes as ``bertlab serve``'s: ``GET /health`` (200 once the model is
+loaded: uvicorn accepts connections only after this module has loaded it) and ``POST /embed``
+with ``{"inputs": "text" | ["t1", ...], "normalize": true}`` -> a JSON list of vectors.
+"""
+
+import argparse
+
+from pydantic import BaseModel
+
+
+class EmbedRequest(BaseModel):
+    inputs: str | list[str]
+    normalize: bool = True
+
+
+def build_app(model_dir: str):  # -> fastapi.FastAPI
+    from fastapi import FastAPI
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(model_dir, device="cpu")
+    app = FastAPI()
+
+    @app.get("/health")
+    def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.post("/embed")
+    def embed(request: EmbedRequest) -> list:
+        texts = [request.inputs] if isinstance(request.inputs, str) else request.inputs
+        return model.encode(texts, normalize_embeddings=request.normalize).tolist()
+
+    return app
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m bertlab.bench.st_server", description=__doc__)
+    p.add_argument("model", help="a sentence-transformers model folder")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    args = p.parse_args(argv)
+    import torch
+    import uvicorn
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    app = build_app(args.model)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,490 @@
+"""The served models and their batchers: the requests' sequences packed into batches under a
+token budget.
+
+    model = ServedModel("name", folder)     the folder loaded with the head its config names
+    rows, info = model.encode(texts, ...)   tokenized, long texts truncated or split (windows)
+    batcher = Batcher(load, limits)         one per model: its runner thread loads and runs it
+    job = Job(rows, loop); batcher.submit(job); outputs = await job.future
+
+Each row says what it yields (``Row.want``): a mean or [CLS] vector, a classifier's logits, a
+tagger's per-token probabilities, a reader's start and end logits, or the masked-LM logits at
+its [MASK]s. The batcher takes rows from the waiting jobs in arrival order until the batch holds
+``max_batch_tokens`` real tokens or ``max_batch_sequences`` rows, or until the oldest has waited
+``max_wait`` seconds; it pads them into one batch, which the model runs packed (its default
+"packed" kernel removes the padding again, so the budget counts real tokens). While one batch
+runs, the former thread builds the next. Jobs whose client left are dropped before their rows
+are computed; a batch that raises fails its jobs alone (``ModelFailed``), and the batcher goes on.
+
+The results are the pipelines' own: the per-row readers below take the same tensors the
+pipelines take (``bertlab.pipelines``), and the routes finish them with the pipelines' methods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from bertlab.nn.config import BertConfig
+from bertlab.nn.heads import HEADS, head_of
+from bertlab.pipelines.predict import (
+    AnswerPipeline,
+    ClassifyPipeline,
+    FillMaskPipeline,
+    TagPipeline,
+)
+from bertlab.tokenizer import BertTokenizer
+
+# What each head serves, beyond /tokenize, /decode and /info.
+EMBED = ("embed", "v1/embeddings", "similarity", "rerank")
+ROUTES_BY_HEAD: dict[str, tuple[str, ...]] = {
+    "base": EMBED,
+    "pretraining": (*EMBED, "fill-mask"),
+    "masked-lm": (*EMBED, "fill-mask"),
+    "sequence-classification": ("predict", "rerank"),
+    "token-classification": ("ner",),
+    "question-answering": ("qa",),
+}
+WINDOW_OVERLAP = 128  # tokens two neighbouring tagging windows share (at most half a window)
+
+
+class RequestError(Exception):
+    """A bad request: the HTTP status, the field at fault and what is wrong with it."""
+
+    def __init__(self, status: int, field: str | None, message: str):
+        super().__init__(message)
+        self.status, self.field, self.message = status, field, message
+
+
+class ModelFailed(Exception):
+    """The model raised inside a batch: every job of that batch fails with this."""
+
+
+@dataclass
+class Row:
+    """One sequence for the model: its ids and what it yields ("mean", "cls", "logits",
+    "tokens", "span" or "masks")."""
+
+    input_ids: list[int]
+    token_type_ids: list[int]
+    want: str
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+@dataclass
+class Encoded:
+    """What ``ServedModel.encode`` made of one text: its rows (one, or its windows), whether it
+    was truncated, and the full encoding's word ids and offsets when asked for."""
+
+    rows: list[Row]
+    tokens: int  # the text's token count before any truncation, [CLS] and [SEP] included
+    truncated: bool = False
+    word_ids: list[int | None] | None = None
+    offsets: list[tuple[int, int]] | None = None
+
+
+class Job:
+    """One request's rows on their way through a batcher; ``future`` gets the rows' outputs in
+    order (or ``finish(outputs)``, run in the model's runner thread), or the exception that
+    failed them. Timings are perf_counter seconds."""
+
+    def __init__(
+        self,
+        rows: list[Row],
+        loop: asyncio.AbstractEventLoop,
+        finish: Callable[[list[Any]], Any] | None = None,
+    ):
+        self.rows, self.loop, self.finish = rows, loop, finish
+        self.outputs: list[Any] = [None] * len(rows)
+        self.taken = 0  # rows handed to a batch so far
+        self.done = 0  # rows computed
+        self.future: asyncio.Future = loop.create_future()
+        self.cancelled = False  # the client left: rows not yet taken are never computed
+        self.failed = False
+        self.queued = time.perf_counter()
+        self.started: float | None = None
+        self.finished: float | None = None
+
+    def _settle(self, result: Any = None, error: BaseException | None = None) -> None:
+        def settle() -> None:
+            if self.future.done():
+                return
+            if error is not None:
+                self.future.set_exception(error)
+            else:
+                self.future.set_result(result)
+
+        self.finished = time.perf_counter()
+        try:
+            self.loop.call_soon_threadsafe(settle)
+        except RuntimeError:  # the loop has closed: nobody is waiting any more
+            pass
+
+
+class ServedModel:
+    """A model folder loaded for serving: its head (from config.json's ``architectures``), the
+    routes that head serves, its tokenizer, and the pipelines whose methods finish results."""
+
+    def __init__(self, name: str, folder: str | Path, dtype: torch.dtype = torch.float32):
+        self.name, self.folder = name, Path(folder)
+        config = BertConfig.from_pretrained(self.folder)
+        self.head = head_of(getattr(config, "architectures", None))
+        if self.head not in ROUTES_BY_HEAD:
+            raise ValueError(
+                f"model {name!r} ({self.folder}) has a {self.head} head, which bertlab serve does "
+                f"not serve; it serves {', '.join(ROUTES_BY_HEAD)}"
+            )
+        self.model = HEADS[self.head].from_pretrained(self.folder, dtype=dtype).eval()
+        self.config = self.model.config
+        self.tokenizer = BertTokenizer.from_pretrained(self.folder)
+        self.routes = ROUTES_BY_HEAD[self.head]
+        if self.head == "sequence-classification" and self.config.num_labels != 1:
+            self.routes = ("predict",)  # reranking needs one relevance score per pair
+        self.max_length = int(self.config.max_position_embeddings)
+        body = self.max_length - 2  # a window's pieces between [CLS] and [SEP]
+        self.window_step = body - min(WINDOW_OVERLAP, body // 2)  # tagging windows' stride
+        self.dtype = dtype
+        kw = {"tokenizer": self.tokenizer}
+        self.classify = ClassifyPipeline(self.model, **kw) if "predict" in self.routes else None
+        self.tag = TagPipeline(self.model, **kw) if "ner" in self.routes else None
+        self.answer = AnswerPipeline(self.model, **kw) if "qa" in self.routes else None
+        self.fill = FillMaskPipeline(self.model, **kw) if "fill-mask" in self.routes else None
+
+    @property
+    def encoder(self) -> torch.nn.Module:
+        return self.model if self.head == "base" else self.model.bert
+
+    def info(self) -> dict[str, Any]:
+        labels = self.config.labels if self.head.endswith("classification") else None
+        return {
+            "name": self.name,
+            "folder": str(self.folder),
+            "head": self.head,
+            "routes": ["/" + r for r in self.routes],
+            "labels": labels,
+            "max_input_length": self.max_length,
+            "hidden_size": self.config.hidden_size,
+            "vocab_size": self.config.vocab_size,
+            "dtype": str(self.dtype).removeprefix("torch."),
+        }
+
+    # ------------------------------------------------------------------ tokenizing
+    def encode(
+        self,
+        texts: list[str],
+        want: str,
+        pairs: list[str] | None = None,
+        long: str = "error",
+        direction: str = "right",
+        offsets: bool = False,
+        field: str = "inputs",
+    ) -> list[Encoded]:
+        """Each text (with its pair) as rows. ``long`` says what happens past the model's
+        ``max_length`` tokens: "error" (a 413 naming the text), "truncate" (cut on the
+        ``direction`` side) or "windows" (split into windows, each a row: side by side for
+        vectors and labels, overlapping by WINDOW_OVERLAP tokens for tagging)."""
+        enc = self.tokenizer(
+            texts,
+            pairs,
+            truncation=False,
+            return_attention_mask=False,
+            return_offsets_mapping=offsets,
+            verbose=False,  # a long text is refused, cut or split below
+        )
+        L, out = self.max_length, []
+        for i in range(len(texts)):
+            ids, types = enc["input_ids"][i], enc["token_type_ids"][i]
+            extra = (
+                {"word_ids": enc.word_ids(i), "offsets": enc["offset_mapping"][i]}
+                if offsets
+                else {}
+            )
+            n = len(ids)
+            if n <= L:
+                out.append(Encoded([Row(ids, types, want)], n, **extra))
+                continue
+            where = f"{field}[{i}]" if len(texts) > 1 or field != "inputs" else field
+            if long == "error":
+                split = "" if pairs is not None else ' or "windows": true to split it'
+                raise RequestError(
+                    413,
+                    where,
+                    f'{where} has {n} tokens; this model takes at most {L}: send "truncate": '
+                    f"true to cut it{split}",
+                )
+            if pairs is not None:
+                if long == "windows":
+                    raise RequestError(
+                        422,
+                        where,
+                        f"{where}: a text pair of {n} tokens cannot be split into windows (at "
+                        f'most {L}); send "truncate": true',
+                    )
+                if direction != "right":
+                    raise RequestError(
+                        422, "truncation_direction", "text pairs are truncated on the right only"
+                    )
+                cut = self.tokenizer(
+                    texts[i], pairs[i], truncation=True, max_length=L, return_attention_mask=False
+                )
+                out.append(Encoded([Row(cut["input_ids"], cut["token_type_ids"], want)], n, True))
+                continue
+            cls, body, sep = ids[:1], ids[1:-1], ids[-1:]
+            if long == "truncate":
+                kept = body[: L - 2] if direction == "right" else body[-(L - 2) :]
+                row = Row(cls + kept + sep, [0] * L, want)
+                out.append(Encoded([row], n, True, **extra))
+                continue
+            step = self.window_step if want == "tokens" else L - 2
+            rows = []
+            for start in range(0, len(body), step):
+                part = body[start : start + L - 2]
+                rows.append(Row(cls + part + sep, [0] * (len(part) + 2), want))
+                if start + L - 2 >= len(body):
+                    break
+            out.append(Encoded(rows, n, False, **extra))
+        return out
+
+    # ------------------------------------------------------------------ running
+    @torch.inference_mode()
+    def forward(self, rows: list[Row], arrays: dict[str, np.ndarray] | None = None) -> list[Any]:
+        """One batch: the rows padded (``arrays``, from ``pad_rows``, when the batcher made them
+        already), run (packed inside the model), and each row's output: mean/cls -> (H,)
+        float32; logits -> (C,); tokens -> (n, C) probabilities; span -> two (n,) tensors;
+        masks -> (M, V) logits at its [MASK] positions."""
+        arrays = arrays if arrays is not None else pad_rows(rows, self.tokenizer.pad_token_id)
+        batch = {k: torch.from_numpy(v) for k, v in arrays.items()}
+        mask = batch["attention_mask"]
+        if self.head in ("sequence-classification", "token-classification", "question-answering"):
+            out = self.model(**batch)
+            hidden = None
+        else:
+            hidden = self.encoder(**batch).last_hidden_state.float()  # (B, T, H)
+        means = None
+        if any(row.want == "mean" for row in rows):  # the whole batch at once, as the pipeline
+            m = mask.unsqueeze(-1).float()
+            means = (hidden * m).sum(1) / m.sum(1)  # (B, H)
+        results: list[Any] = []
+        for r, row in enumerate(rows):
+            n = len(row)
+            if row.want == "mean":
+                results.append(means[r])
+            elif row.want == "cls":
+                results.append(hidden[r, 0].clone())
+            elif row.want == "logits":
+                results.append(out.logits[r].float())
+            elif row.want == "tokens":
+                results.append(out.logits[r, :n].float().softmax(-1))
+            elif row.want == "span":
+                results.append((out.start_logits[r, :n].float(), out.end_logits[r, :n].float()))
+            elif row.want == "masks":  # the masked-LM head on the [MASK] rows alone
+                mask_id = self.tokenizer.mask_token_id
+                where = [p for p, t in enumerate(row.input_ids) if t == mask_id]
+                h = hidden[r, where].to(self.dtype)  # (M, H)
+                results.append(self.model.cls.predictions(h).float())
+            else:
+                raise ValueError(f"unknown row output {row.want!r}")
+        return results
+
+
+def pad_rows(rows: list[Row], pad_id: int) -> dict[str, np.ndarray]:
+    """The rows as a padded batch: input_ids, token_type_ids and attention_mask, (B, T) int64,
+    made with numpy so that the batcher's former thread never starts a team of torch workers."""
+    B, T = len(rows), max(len(r) for r in rows)
+    ids = np.full((B, T), pad_id, dtype=np.int64)
+    types = np.zeros((B, T), dtype=np.int64)
+    mask = np.zeros((B, T), dtype=np.int64)
+    for i, r in enumerate(rows):
+        n = len(r)
+        ids[i, :n], types[i, :n], mask[i, :n] = r.input_ids, r.token_type_ids, 1
+    return {"input_ids": ids, "token_type_ids": types, "attention_mask": mask}
+
+
+@dataclass
+class Limits:
+    """The batcher's budget: real tokens and rows per batch, and the longest wait (seconds)."""
+
+    max_batch_tokens: int = 16384
+    max_batch_sequences: int = 256
+    max_wait: float = 0.005
+
+
+@dataclass
+class Batch:
+    rows: list[Row]
+    owners: list[tuple[Job, int]]  # per row: its job and its index there
+    tokens: int = 0
+    arrays: dict[str, np.ndarray] | None = None  # the rows padded, made while the last one ran
+
+
+class Batcher:
+    """One model's queue and its two threads: the former (takes rows, pads the next batch) and
+    the runner (loads the model, runs batches, hands each job its outputs). ``load()`` builds
+    the ``ServedModel``; ``on_batch(tokens, rows, seconds)`` is told of every batch run.
+
+    Every tensor operation of a model happens in its runner thread, its loading included: with
+    GNU OpenMP, a second thread that runs parallel regions starts a second team of workers, and
+    with more workers than cores the library stops spinning between regions, which made the
+    packed attention's thousands of small regions a third slower (a batch of 256 sentences:
+    500 ms against 380 ms here). So the routes hand their tensor work to the runner too
+    (``Job.finish``)."""
+
+    def __init__(self, load: Callable[[], ServedModel], limits: Limits, on_batch: Any = None):
+        self.limits, self.on_batch = limits, on_batch
+        self._jobs: collections.deque[Job] = collections.deque()
+        self._cv = threading.Condition()
+        self._ready: queue.Queue[Batch | None] = queue.Queue(maxsize=1)
+        self._closing = False
+        self._loaded = threading.Event()
+        self._load_error: BaseException | None = None
+        runner = threading.Thread(target=self._run, args=(load,), name="runner", daemon=True)
+        runner.start()
+        self._loaded.wait()
+        if self._load_error is not None:
+            raise self._load_error
+        model = self.model
+        runner.name = f"{model.name}-runner"
+        if limits.max_batch_tokens < model.max_length:
+            self._ready.put(None)  # stop the runner
+            raise ValueError(
+                f"max_batch_tokens {limits.max_batch_tokens} is below the model's length "
+                f"{model.max_length}: a full-length text could never be run"
+            )
+        former = threading.Thread(target=self._form, name=f"{model.name}-batcher", daemon=True)
+        former.start()
+        self._threads = [former, runner]
+
+    def submit(self, job: Job) -> None:
+        if not job.rows:
+            job._settle(result=[])
+            return
+        with self._cv:
+            if self._closing:
+                raise RequestError(503, None, "the server is shutting down")
+            self._jobs.append(job)
+            self._cv.notify()
+
+    def waiting(self) -> int:
+        """Rows waiting for a batch (the queue depth)."""
+        with self._cv:
+            return sum(len(j.rows) - j.taken for j in self._jobs)
+
+    def close(self) -> None:
+        """Finish the jobs already queued, then stop the threads."""
+        with self._cv:
+            self._closing = True
+            self._cv.notify()
+        for t in self._threads:
+            t.join()
+
+    def _take(self) -> Batch | None:
+        lim = self.limits
+        with self._cv:
+            while not self._jobs and not self._closing:
+                self._cv.wait()
+            if not self._jobs:
+                return None
+            deadline = self._jobs[0].queued + lim.max_wait
+            while not self._closing:
+                pending = sum(len(r) for j in self._jobs for r in j.rows[j.taken :])
+                left = deadline - time.perf_counter()
+                if pending >= lim.max_batch_tokens or left <= 0:
+                    break
+                self._cv.wait(left)
+            batch = Batch([], [])
+            while self._jobs:
+                job = self._jobs[0]
+                if job.cancelled or job.failed:
+                    self._jobs.popleft()
+                    continue
+                row = job.rows[job.taken]
+                full = batch.tokens + len(row) > lim.max_batch_tokens
+                if batch.rows and (full or len(batch.rows) >= lim.max_batch_sequences):
+                    break
+                batch.rows.append(row)
+                batch.owners.append((job, job.taken))
+                batch.tokens += len(row)
+                job.taken += 1
+                if job.taken == len(job.rows):
+                    self._jobs.popleft()
+            return batch
+
+    def _form(self) -> None:
+        while True:
+            try:
+                batch = self._take()
+                if batch is not None and batch.rows:
+                    batch.arrays = pad_rows(batch.rows, self.model.tokenizer.pad_token_id)
+            except Exception as e:  # a fault here would stall every queued job: fail them
+                with self._cv:
+                    jobs, self._jobs = list(self._jobs), collections.deque()
+                for job in jobs:
+                    job.failed = True
+                    job._settle(error=ModelFailed(f"the batcher failed: {e!r}"))
+                continue
+            self._ready.put(batch)
+            if batch is None:
+                return
+
+    def _run(self, load: Callable[[], ServedModel]) -> None:
+        try:
+            self.model = load()
+        except BaseException as e:  # said in the thread that built the batcher
+            self._load_error = e
+            return
+        finally:
+            self._loaded.set()
+        while True:
+            batch = self._ready.get()
+            if batch is None:
+                return
+            live = [
+                (row, owner)
+                for row, owner in zip(batch.rows, batch.owners, strict=True)
+                if not owner[0].cancelled
+            ]
+            if not live:
+                continue
+            start = time.perf_counter()
+            for _, (job, _) in live:
+                job.started = job.started or start
+            try:
+                whole = len(live) == len(batch.rows)  # else the padding is made again
+                outputs = self.model.forward(
+                    [row for row, _ in live], batch.arrays if whole else None
+                )
+            except Exception as e:  # the model failed: this batch's jobs fail, the server goes on
+                error = ModelFailed(f"the model failed on a batch of {len(live)} sequences: {e!r}")
+                for _, (job, _) in live:
+                    if not job.failed:
+                        job.failed = True
+                        job._settle(error=error)
+                continue
+            if self.on_batch is not None:
+                tokens = sum(len(row) for row, _ in live)
+                with contextlib.suppress(Exception):  # the metrics never stop the serving
+                    self.on_batch(tokens, len(live), time.perf_counter() - start)
+            for out, (_, (job, i)) in zip(outputs, live, strict=True):
+                if job.failed:
+                    continue
+                job.outputs[i] = out
+                job.done += 1
+                if job.done == len(job.rows):
+                    try:
+                        result = job.finish(job.outputs) if job.finish else job.outputs
+                    except Exception as e:
+                        job._settle(error=ModelFailed(f"finishing the outputs failed: {e!r}"))
+                    else:
+                        job._settle(result=result)

@@ -1,0 +1,218 @@
+"""bertlab bench serve: the load generator counts what it sent and what came back (successes,
+errors and 429s apart, latencies, tokens), percentiles are right on known data, servers are
+started, waited for and stopped (one that dies is named with its output), a system that cannot
+run is reported as not run, and bad options are refused first. A stub server stands in for the
+real ones: a stdlib HTTP/1.1 server in its own process. Speed is recorded in benchmarks/, never
+asserted here."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from bertlab.bench import serve
+from bertlab.bench.load import (
+    ServerError,
+    ServerSpec,
+    build_requests,
+    free_port,
+    percentile,
+    rss_mib,
+    run_phase,
+    running,
+)
+from bertlab.bench.serve import bench_serve, embed_body, markdown_table, plot, summary_lines
+from bertlab.cli.main import main
+
+# argv: PORT DELAY LIMIT. Answers /embed with one 4-wide vector per text, one request at a time
+# (a lock held for DELAY seconds), 500 for a text "FAIL", 429 for "BUSY" or past LIMIT requests
+# in the server at once (0: no limit), no vectors for "WRONG".
+STUB = r"""
+import json, sys, threading, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+port, delay, limit = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+work, count, inside = threading.Lock(), threading.Lock(), [0]
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body are two writes: no 40 ms wait between
+
+    def log_message(self, *args):
+        pass
+
+    def send(self, code, payload):
+        body = json.dumps(payload).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        self.send(200 if self.path == "/health" else 404, {"status": "ok"})
+
+    def do_POST(self):
+        texts = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["inputs"]
+        texts = [texts] if isinstance(texts, str) else texts
+        with count:
+            inside[0] += 1
+            admitted = not limit or inside[0] <= limit
+        try:
+            if not admitted or "BUSY" in texts:
+                return self.send(429, {"error": "busy"})
+            if "FAIL" in texts:
+                return self.send(500, {"error": "failed"})
+            with work:
+                time.sleep(delay)
+            self.send(200, [] if "WRONG" in texts else [[0.5] * 4 for _ in texts])
+        finally:
+            with count:
+                inside[0] -= 1
+
+
+ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+"""
+
+
+def stub_spec(tmp_path, name, port, delay=0.0, limit=None):
+    script = tmp_path / "stub_server.py"
+    script.write_text(STUB)
+    command = [sys.executable, str(script), str(port), str(delay), str(limit or 0)]
+    return ServerSpec(name, command, "/embed", embed_body, list, "stub")
+
+
+@pytest.fixture(scope="module")
+def stub(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("stub")
+    port = free_port()
+    with running(stub_spec(tmp, "stub", port), port, tmp, threads=1, timeout=30) as server:
+        yield server
+
+
+def test_the_load_counts_successes_errors_and_429s_apart(stub):
+    texts = ["a", "b", "FAIL", "BUSY", "c"]
+    requests = build_requests(texts, [3, 4, 5, 6, 7], 1, embed_body)
+    r = run_phase(stub.url + "/embed", requests, 4, count=100, vectors=list, pid=stub.proc.pid)
+    assert (r["requests"], r["ok"], r["errors"], r["rejected_429"]) == (100, 60, 20, 20)
+    assert r["error_kinds"] == {"HTTP 500": 20}
+    assert r["rejected_share"] == 0.2
+    assert r["tokens_per_s"] * r["seconds"] == pytest.approx(20 * (3 + 4 + 7))
+    assert r["texts_per_s"] * r["seconds"] == pytest.approx(60)
+    lat = r["latency_ms"]
+    assert 0 < lat["p50"] <= lat["p95"] <= lat["p99"] <= lat["max"] < 10_000
+    assert r["answer"] == "1 x 4"
+    assert 1 < r["server_rss_mib"]["start"] <= r["server_rss_mib"]["peak"] < 10_000
+
+
+def test_batches_of_sentences_are_consecutive_and_wrap_round():
+    texts = [f"t{i}" for i in range(5)]
+    requests = build_requests(texts, [1, 2, 3, 4, 5], 2, embed_body)
+    bodies = [json.loads(r.body)["inputs"] for r in requests]
+    assert bodies == [["t0", "t1"], ["t2", "t3"], ["t4", "t0"]]
+    assert [(r.texts, r.tokens) for r in requests] == [(2, 3), (2, 7), (2, 6)]
+    assert json.loads(build_requests(texts, [1] * 5, 1, embed_body)[0].body) == {
+        "inputs": "t0",
+        "normalize": True,
+    }
+
+
+def test_a_wrong_answer_is_an_error_and_a_timed_phase_stops_by_itself(stub):
+    url = stub.url + "/embed"
+    wrong = run_phase(url, build_requests(["WRONG"], [3], 1, embed_body), 2, count=10, vectors=list)
+    assert (wrong["ok"], wrong["errors"]) == (0, 10)
+    assert list(wrong["error_kinds"]) == ["wrong answer: 0 vectors of widths [] for 1 sentences"]
+    timed = run_phase(url, build_requests(["a"], [3], 1, embed_body), 2, seconds=0.3, warmup=0.1)
+    assert timed["ok"] > 0 and timed["errors"] == 0 and 0.3 <= timed["seconds"] < 5
+
+
+def test_percentiles_are_nearest_rank_on_known_data():
+    ms = [float(x) for x in range(1, 101)]
+    assert [percentile(ms, q) for q in (50, 95, 99, 100)] == [50.0, 95.0, 99.0, 100.0]
+    assert [percentile([1.0, 2.0, 3.0, 4.0], q) for q in (50, 99)] == [2.0, 4.0]
+    assert percentile([7.0], 99) == 7.0 and percentile([], 50) is None
+
+
+def test_a_server_that_dies_is_named_with_its_output_and_one_that_runs_is_stopped(tmp_path):
+    dies = [sys.executable, "-c", "import sys; sys.stderr.write('boom: no model'); sys.exit(3)"]
+    spec = ServerSpec("broken", dies, "/embed", embed_body, list)
+    with pytest.raises(ServerError, match="broken exited with status 3(.|\n)*boom: no model"):
+        with running(spec, free_port(), tmp_path, threads=1, timeout=30):
+            pass
+    port = free_port()
+    with running(stub_spec(tmp_path, "stub", port), port, tmp_path, 1, timeout=30) as server:
+        assert rss_mib(server.proc.pid) > 1
+    assert server.proc.poll() is not None
+
+
+def test_the_benchmark_runs_every_workload_and_reports_what_it_could_not_run(tmp_path, monkeypatch):
+    def bertlab_stub(model_dir, port, threads, limit=None):
+        return stub_spec(tmp_path, "bertlab", port, delay=0.002, limit=limit)
+
+    monkeypatch.setattr(serve, "bertlab_spec", bertlab_stub)
+    monkeypatch.setattr(
+        serve, "fastapi_st_spec", lambda d, port, t: stub_spec(tmp_path, "fastapi-st", port)
+    )
+    report = bench_serve(
+        ("bertlab", "fastapi-st", "infinity"),
+        seconds=0.5,
+        warmup=0.2,
+        concurrency=4,
+        requests=1000,
+    )
+    assert report["unavailable"] == {
+        "infinity": 'no --infinity-venv given (set-up: benchmarks/README.md, "Serving over HTTP")'
+    }
+    assert report["failed"] == {}
+    for name in ("bertlab", "fastapi-st"):
+        for w in ("batch1", "batch256"):
+            r = report["systems"][name][w]
+            assert r["ok"] > 0 and r["errors"] == 0, (name, w)
+        assert report["systems"][name]["batch256"]["answer"] == "256 x 4"
+    over = report["systems"]["bertlab"]["overload"]
+    # One request at a time: saturated at a few clients; of 4x that, some turned away (how many
+    # depends on how fast this process can send, here against a stub that answers in 2 ms).
+    assert over["saturating_concurrency"] in (1, 2, 4)
+    assert over["clients"] == 4 * over["saturating_concurrency"]
+    assert over["phase"]["rejected_429"] > 0 and over["phase"]["ok"] > 0
+    assert over["phase"]["errors"] == 0
+    assert over["admitted_p99_ms"] > 0 and over["p99_ratio"] > 0
+    memory = report["systems"]["bertlab"]["memory"]
+    assert memory["phase"]["requests"] == 1000 and memory["phase"]["errors"] == 0
+    assert 1 < memory["rss_mib_before"] and 1 < memory["rss_mib_after_first"]
+    assert list(memory["phase"]["rss_mib_at"]) == [str(n) for n in range(100, 1001, 100)]
+    table = markdown_table(report)
+    assert table.count("\n") == 5 and "| bertlab | batch256 | 4 |" in table
+    lines = summary_lines(report)
+    assert lines[0].startswith("overload: saturated at") and lines[1].startswith("memory:")
+    assert lines[2] == "infinity: not run: " + report["unavailable"]["infinity"]
+    plot(report, tmp_path / "serve.png")
+    assert (tmp_path / "serve.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_command_reports_a_missing_system_as_not_run(capsys):
+    code = main(["bench", "serve", "--systems", "infinity", "--infinity-venv", "/nonexistent"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "infinity: not run: --infinity-venv /nonexistent: no /nonexistent/bin/infinity_emb" in (
+        out
+    )
+    assert "overload: not run: bertlab's alone, and bertlab was not asked" in out
+
+
+@pytest.mark.parametrize(
+    "option, message",
+    [
+        (["--seconds", "0"], "seconds must be above 0 and at most 3600; got 0"),
+        (["--systems", "bertlab,tei"], "unknown system 'tei'; choose from bertlab"),
+        (["--workloads", "batch2"], "unknown workload 'batch2'; choose from batch1"),
+        (["--concurrency", "0"], "concurrency must be from 1 to 1024; got 0"),
+        (["--requests", "10"], "requests must be from 1000 to 10,000,000; got 10"),
+    ],
+)
+def test_bad_options_are_refused_by_name_before_any_server_starts(option, message, capsys):
+    assert main(["bench", "serve", *option]) == 2
+    assert message in capsys.readouterr().err

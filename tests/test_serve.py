@@ -1,0 +1,698 @@
+"""`bertlab serve`: every route answers what the Python pipelines answer for the same input,
+requests from many clients share packed batches without changing a number, and every bad
+request is a 4xx that names the field (a fuzzer sends thousands). The limits (429, 401/403,
+413), a failing model, a client that leaves, and SIGTERM are each shown on a running server."""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("starlette", reason="the serve extra (starlette, uvicorn) runs the server")
+pytest.importorskip("httpx", reason="Starlette's test client needs httpx (a test extra)")
+from helpers import scramble  # noqa: E402
+from starlette.testclient import TestClient  # noqa: E402
+
+import bertlab  # noqa: E402
+from bertlab.files import resolve_model_dir  # noqa: E402
+from bertlab.pipelines import pipeline  # noqa: E402
+from bertlab.serve import ServeConfig, Server  # noqa: E402
+from bertlab.serve.engine import Row  # noqa: E402
+
+DEFAULT = resolve_model_dir("default")
+TAGS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
+TEXTS = ["Ann lives in Paris.", "A warm, funny film.", "Stocks fell sharply on Monday in Tokyo"]
+
+
+def _tiny(cls, folder: Path, seed: int, **config) -> Path:
+    """A small scrambled model with the bundled vocabulary and 64 positions (so that long
+    texts are cheap), saved to ``folder``."""
+    cfg = bertlab.BertConfig(
+        vocab_size=30522,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=64,
+        **config,
+    )
+    torch.manual_seed(seed)
+    model = scramble(cls(cfg), seed).eval()
+    model.save_pretrained(folder)
+    bertlab.BertTokenizer.from_pretrained(DEFAULT).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("serve")
+    return {
+        "clf": _tiny(
+            bertlab.BertForSequenceClassification,
+            root / "clf",
+            1,
+            id2label={0: "negative", 1: "positive", 2: "neutral"},
+        ),
+        "ranker": _tiny(bertlab.BertForSequenceClassification, root / "ranker", 2, num_labels=1),
+        "ner": _tiny(
+            bertlab.BertForTokenClassification,
+            root / "ner",
+            3,
+            id2label=dict(enumerate(TAGS)),
+        ),
+        "qa": _tiny(bertlab.BertForQuestionAnswering, root / "qa", 4),
+        "mlm": _tiny(bertlab.BertForMaskedLM, root / "mlm", 5),
+    }
+
+
+@pytest.fixture(scope="module")
+def client(folders):
+    config = ServeConfig(
+        models=[("minilm", DEFAULT), *((k, v) for k, v in folders.items())],
+        max_client_batch_size=64,
+    )
+    server = Server(config)
+    with TestClient(server.app(), raise_server_exceptions=False) as c:
+        c.server = server
+        yield c
+
+
+def _post(client, route, **body):
+    r = client.post(route, json=body)
+    assert r.status_code == 200, r.text
+    return r
+
+
+# ============================================================================ same as pipelines
+def test_embed_routes_answer_the_embed_pipelines_vectors(client):
+    ref = pipeline("embed")(TEXTS)
+    tei = torch.tensor(_post(client, "/embed", inputs=TEXTS, model="minilm").json())
+    assert (tei - ref).abs().max() < 1e-5
+    one = _post(client, "/embed", inputs=TEXTS[0], model="minilm").json()
+    assert len(one) == 1 and torch.allclose(torch.tensor(one[0]), ref[0], atol=1e-5)
+    raw = _post(client, "/embed", inputs=TEXTS, model="minilm", normalize=False).json()
+    unnormalized = pipeline("embed")(TEXTS, normalize=False)
+    assert (torch.tensor(raw) - unnormalized).abs().max() < 1e-5
+    cls = _post(client, "/embed", inputs=TEXTS, model="minilm", pooling="cls").json()
+    assert (torch.tensor(cls) - pipeline("embed")(TEXTS, pooling="cls")).abs().max() < 1e-5
+    # Matryoshka-style dimensions: the first D values, normalized again.
+    short = torch.tensor(_post(client, "/embed", inputs=TEXTS, model="minilm", dimensions=8).json())
+    unit = torch.nn.functional.normalize(unnormalized[:, :8], dim=-1)
+    assert short.shape == (3, 8) and (short - unit).abs().max() < 1e-5
+
+
+def test_the_openai_route_has_openais_shape_and_the_same_vectors(client):
+    ref = pipeline("embed")(TEXTS)
+    r = _post(client, "/v1/embeddings", input=TEXTS, model="minilm").json()
+    assert r["object"] == "list" and r["model"] == "minilm"
+    assert [d["index"] for d in r["data"]] == [0, 1, 2]
+    got = torch.tensor([d["embedding"] for d in r["data"]])
+    assert (got - ref).abs().max() < 1e-5
+    tokens = sum(len(x) for x in bertlab.BertTokenizer.from_pretrained(DEFAULT)(TEXTS)["input_ids"])
+    assert r["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens}
+    b64 = _post(client, "/v1/embeddings", input=TEXTS[1], model="minilm", encoding_format="base64")
+    vec = torch.frombuffer(
+        bytearray(base64.b64decode(b64.json()["data"][0]["embedding"])), dtype=torch.float32
+    )
+    assert torch.allclose(vec, ref[1], atol=1e-5)
+
+
+def test_similarity_and_rerank_order_by_cosine_or_by_the_cross_encoder(client, folders):
+    ref = pipeline("embed")(["a cat sat", "a kitten sat", "stock prices fell"])
+    sims = _post(
+        client,
+        "/similarity",
+        model="minilm",
+        inputs={"source_sentence": "a cat sat", "sentences": ["a kitten sat", "stock prices fell"]},
+    ).json()
+    assert sims == pytest.approx((ref[1:] @ ref[0]).tolist(), abs=1e-5)
+    ranked = _post(
+        client,
+        "/rerank",
+        model="minilm",
+        query="a cat sat",
+        texts=["stock prices fell", "a kitten sat"],
+        return_text=True,
+    ).json()
+    assert [x["index"] for x in ranked] == [1, 0] and ranked[0]["text"] == "a kitten sat"
+    # The cross-encoder: the classifier's single logit for each (query, text) pair.
+    model = bertlab.BertForSequenceClassification.from_pretrained(folders["ranker"]).eval()
+    tok = bertlab.BertTokenizer.from_pretrained(folders["ranker"])
+    texts = ["first passage", "a second, longer passage", "third"]
+    with torch.no_grad():
+        logits = model(**tok(["the query"] * 3, texts, padding=True, return_tensors="pt")).logits[
+            :, 0
+        ]
+    raw = _post(client, "/rerank", model="ranker", query="the query", texts=texts, raw_scores=True)
+    got = {x["index"]: x["score"] for x in raw.json()}
+    assert [got[i] for i in range(3)] == pytest.approx(logits.tolist(), abs=1e-5)
+    scores = [x["score"] for x in raw.json()]
+    assert scores == sorted(scores, reverse=True)
+    probs = _post(client, "/rerank", model="ranker", query="the query", texts=texts).json()
+    assert {x["index"]: x["score"] for x in probs}[0] == pytest.approx(
+        float(logits[0].sigmoid()), abs=1e-5
+    )
+
+
+def test_predict_answers_the_classify_pipelines_labels_for_texts_pairs_and_batches(client, folders):
+    pipe = pipeline("classify", str(folders["clf"]))
+    single = _post(client, "/predict", model="clf", inputs=TEXTS[0]).json()
+    ref = pipe(TEXTS[0], top_k=None)
+    assert [x["label"] for x in single] == [x["label"] for x in ref]
+    assert [x["score"] for x in single] == pytest.approx([x["score"] for x in ref], abs=1e-5)
+    pair = _post(client, "/predict", model="clf", inputs=["a premise", "a hypothesis"]).json()
+    ref_pair = pipe("a premise", "a hypothesis", top_k=None)
+    assert [x["score"] for x in pair] == pytest.approx([x["score"] for x in ref_pair], abs=1e-5)
+    batch = _post(client, "/predict", model="clf", inputs=[[t] for t in TEXTS]).json()
+    for got, want in zip(batch, pipe(TEXTS, top_k=None), strict=True):
+        assert [x["score"] for x in got] == pytest.approx([x["score"] for x in want], abs=1e-5)
+    raw = _post(client, "/predict", model="clf", inputs=TEXTS[0], raw_scores=True).json()
+    assert sum(x["score"] for x in raw) != pytest.approx(1.0, abs=1e-3)  # logits, not probabilities
+
+
+def test_ner_answers_the_tag_pipelines_entities_and_words(client, folders):
+    pipe = pipeline("tag", str(folders["ner"]))
+    got = _post(client, "/ner", model="ner", inputs=TEXTS).json()
+    want = pipe(TEXTS)
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert [(e["entity"], e["start"], e["end"], e["text"]) for e in g] == [
+            (e["entity"], e["start"], e["end"], e["text"]) for e in w
+        ]
+        assert [e["score"] for e in g] == pytest.approx([e["score"] for e in w], abs=1e-5)
+    words = _post(client, "/ner", model="ner", inputs="Ann lives in Paris.", aggregation="words")
+    assert [w["word"] for w in words.json()] == ["Ann", "lives", "in", "Paris", "."]
+
+
+def test_qa_answers_the_answer_pipelines_spans_over_doc_stride_windows(client, folders):
+    pipe = pipeline("answer", str(folders["qa"]))
+    context = " ".join(f"Sentence {i} says that the river number {i} is long." for i in range(12))
+    settings = dict(top_k=3, max_length=64, doc_stride=16, max_query_length=16)
+    r = _post(
+        client, "/qa", model="qa", question="Which river is long?", context=context, **settings
+    )
+    want = pipe("Which river is long?", context, **settings)
+    assert int(r.headers["x-windows"].split(":")[1]) > 1  # the context took several windows
+    assert [(a["answer"], a["start"], a["end"]) for a in r.json()] == [
+        (a["answer"], a["start"], a["end"]) for a in want
+    ]
+    assert [a["score"] for a in r.json()] == pytest.approx([a["score"] for a in want], abs=1e-5)
+    for a in r.json():
+        assert context[a["start"] : a["end"]] == a["answer"]
+
+
+def test_fill_mask_answers_the_fill_mask_pipelines_candidates(client, folders):
+    pipe = pipeline("fill-mask", str(folders["mlm"]))
+    texts = ["Paris is the [MASK] of France.", "The [MASK] sat on the [MASK]."]
+    got = _post(client, "/fill-mask", model="mlm", inputs=texts, top_k=4).json()
+    want = pipe(texts, top_k=4)
+    flat = lambda rows: [c for row in rows for c in (row if isinstance(row, list) else [row])]  # noqa: E731
+    for g, w in zip(got, want, strict=True):
+        gs, ws = flat(g), flat(w)
+        assert [c["token"] for c in gs] == [c["token"] for c in ws]
+        assert [c["sequence"] for c in gs] == [c["sequence"] for c in ws]
+        assert [c["score"] for c in gs] == pytest.approx([c["score"] for c in ws], abs=1e-5)
+    targets = _post(client, "/fill-mask", model="mlm", inputs=texts[0], targets=["capital", "city"])
+    assert {c["token_str"] for c in targets.json()} == {"capital", "city"}
+
+
+def test_tokenize_and_decode_round_trip(client):
+    toks = _post(client, "/tokenize", model="minilm", inputs="Hello, world!").json()
+    assert toks[0]["text"] == "[CLS]" and toks[0]["special"] and toks[-1]["text"] == "[SEP]"
+    assert [(t["start"], t["stop"]) for t in toks[1:3]] == [(0, 5), (5, 6)]
+    ids = [t["id"] for t in toks]
+    assert _post(client, "/decode", model="minilm", ids=ids).json() == "hello, world!"
+    both = _post(client, "/decode", model="minilm", ids=[ids, ids[:2]], skip_special_tokens=False)
+    assert both.json() == ["[CLS] hello, world! [SEP]", "[CLS] hello"]
+
+
+# ============================================================================ long inputs
+def test_long_texts_are_refused_cut_or_split_and_the_response_says_which(client, folders):
+    long = " ".join(["river"] * 150)  # 152 tokens, past the tiny models' 64 positions
+    r = client.post("/embed", json={"model": "mlm", "inputs": long})
+    assert r.status_code == 413 and r.json()["field"] == "inputs"
+    assert "152 tokens" in r.json()["error"] and "at most 64" in r.json()["error"]
+    cut = _post(client, "/embed", model="mlm", inputs=[long, "short"], truncate=True)
+    assert cut.headers["x-truncated"] == "0" and "x-windows" not in cut.headers
+    split = _post(client, "/embed", model="mlm", inputs=[long, "short"], windows=True)
+    assert split.headers["x-windows"] == "0:3"  # 150 pieces in windows of 62
+    openai = _post(client, "/v1/embeddings", model="mlm", input=[long], windows=True).json()
+    assert openai["data"][0]["windows"] == 3
+    # The windows' mean vectors weighted by their tokens: here windows of 62, 62 and 26 pieces.
+    parts = pipeline("embed", str(folders["mlm"]))(
+        [" ".join(["river"] * n) for n in (62, 62, 26)], normalize=False
+    )
+    w = torch.tensor([64.0, 64.0, 28.0])
+    pooled = torch.nn.functional.normalize((parts * w[:, None]).sum(0) / w.sum(), dim=0)
+    assert (torch.tensor(split.json()[0]) - pooled).abs().max() < 1e-5
+    # Tagging: overlapping windows cover every word once, with its span in the whole text.
+    words = _post(client, "/ner", model="ner", inputs=long, windows=True, aggregation="words")
+    spans = [(w["start"], w["end"]) for w in words.json()]
+    assert len(spans) == 150 and spans[-1] == (len(long) - 5, len(long))
+    label = _post(client, "/predict", model="clf", inputs=long, windows=True).json()
+    assert sum(x["score"] for x in label) == pytest.approx(1.0, abs=1e-5)
+
+
+# ============================================================================ batching
+def test_concurrent_requests_share_batches_and_get_their_own_answers(client):
+    texts = [f"sentence number {i} with {'extra ' * (i % 7)}words" for i in range(48)]
+    ref = pipeline("embed")(texts)
+    before = client.server.metrics.batch_sequences.counts.copy()
+
+    def one(i):
+        return torch.tensor(_post(client, "/embed", model="minilm", inputs=texts[i]).json()[0])
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        got = torch.stack(list(pool.map(one, range(48))))
+    assert (got - ref).abs().max() < 1e-5
+    counts = client.server.metrics.batch_sequences.counts[(("model", "minilm"),)]
+    old = before.get((("model", "minilm"),), [0] * len(counts))
+    batches = [a - b for a, b in zip(counts, old, strict=True)]
+    assert sum(batches) < 48  # fewer batches than requests: some held several sequences
+
+
+def test_a_request_larger_than_the_token_budget_runs_over_several_batches(folders):
+    server = Server(ServeConfig(models=[("mlm", folders["mlm"])], max_batch_tokens=64))
+    texts = [" ".join(["word"] * 40) + f" {i}" for i in range(5)]  # 43 tokens each
+    with TestClient(server.app()) as c:
+        got = torch.tensor(_post(c, "/embed", inputs=texts).json())
+    ref = pipeline("embed", str(folders["mlm"]))(texts)
+    assert (got - ref).abs().max() < 1e-5
+    sizes = server.metrics.batch_tokens.sums[(("model", "mlm"),)]
+    assert sizes == 5 * 43  # every token computed once
+    assert sum(server.metrics.batch_tokens.counts[(("model", "mlm"),)]) == 5  # one text a batch
+
+
+def test_the_metrics_page_counts_requests_batches_and_tokens(client):
+    _post(client, "/embed", model="minilm", inputs="count me")
+    page = client.get("/metrics").text
+    assert 'bertlab_requests_total{route="embed",status="200"}' in page
+    assert 'bertlab_batch_tokens_bucket{model="minilm",le="+Inf"}' in page
+    assert 'bertlab_queue_depth{model="minilm"} 0' in page
+    assert "# TYPE bertlab_request_seconds histogram" in page
+
+
+def test_responses_carry_their_timings(client):
+    r = _post(client, "/embed", model="minilm", inputs="timed")
+    for h in ("x-tokenization-time", "x-queue-time", "x-inference-time", "x-total-time"):
+        assert float(r.headers[h]) >= 0
+    assert float(r.headers["x-total-time"]) >= float(r.headers["x-inference-time"])
+    assert r.headers["x-compute-tokens"] == "3"
+
+
+def test_info_lists_models_heads_labels_and_limits(client):
+    info = client.get("/info").json()
+    by = {m["name"]: m for m in info["models"]}
+    assert by["clf"]["labels"] == ["negative", "positive", "neutral"]
+    assert by["clf"]["routes"] == ["/predict"] and by["ranker"]["routes"] == ["/predict", "/rerank"]
+    assert by["ner"]["head"] == "token-classification" and by["minilm"]["max_input_length"] == 512
+    assert info["limits"]["max_client_batch_size"] == 64
+    assert client.get("/health").json()["status"] == "ok"
+
+
+# ============================================================================ bad requests
+@pytest.mark.parametrize(
+    "route, body, status, field",
+    [
+        ("/embed", {"inputs": "x", "model": "nope"}, 404, "model"),
+        ("/ner", {"inputs": "x", "model": "minilm"}, 422, "model"),
+        ("/embed", {"inputs": "x"}, 422, "model"),  # several models embed: name one
+        ("/embed", {"model": "minilm"}, 422, "inputs"),
+        ("/embed", {"model": "minilm", "inputs": []}, 422, "inputs"),
+        ("/embed", {"model": "minilm", "inputs": ["ok", ""]}, 422, "inputs[1]"),
+        ("/embed", {"model": "minilm", "inputs": "a\x00b"}, 422, "inputs"),
+        ("/embed", {"model": "minilm", "inputs": 5}, 422, "inputs"),
+        ("/embed", {"model": "minilm", "inputs": ["x"] * 65}, 413, "inputs"),
+        ("/embed", {"model": "minilm", "inputs": "x", "normalize": 1}, 422, "normalize"),
+        ("/embed", {"model": "minilm", "inputs": "x", "dimensions": 0}, 422, "dimensions"),
+        ("/embed", {"model": "minilm", "inputs": "x", "dimensions": True}, 422, "dimensions"),
+        (
+            "/embed",
+            {"model": "minilm", "inputs": "x", "truncate": True, "windows": True},
+            422,
+            "windows",
+        ),
+        (
+            "/embed",
+            {"model": "minilm", "inputs": "x", "truncation_direction": "up"},
+            422,
+            "truncation_direction",
+        ),
+        ("/v1/embeddings", {"model": "minilm", "input": [[1, 2]]}, 422, "input"),
+        (
+            "/v1/embeddings",
+            {"model": "minilm", "input": "x", "encoding_format": "int8"},
+            422,
+            "encoding_format",
+        ),
+        ("/fill-mask", {"model": "mlm", "inputs": "no mask here"}, 422, "inputs"),
+        ("/fill-mask", {"model": "mlm", "inputs": "[MASK]", "top_k": 10**12}, 422, "top_k"),
+        ("/qa", {"model": "qa", "question": "q?"}, 422, "context"),
+        (
+            "/qa",
+            {"model": "qa", "question": "q?", "context": "c", "doc_stride": 10**9},
+            422,
+            "doc_stride",
+        ),
+        ("/predict", {"model": "clf", "inputs": [["a"], ["b", "c"]]}, 422, "inputs"),
+        ("/decode", {"model": "minilm", "ids": [1, 30522]}, 422, "ids[1]"),
+        ("/decode", {"model": "minilm", "ids": "101"}, 422, "ids"),
+        ("/similarity", {"model": "minilm", "inputs": ["a"]}, 422, "inputs"),
+    ],
+)
+def test_each_bad_request_is_a_4xx_naming_its_field(client, route, body, status, field):
+    r = client.post(route, json=body)
+    assert r.status_code == status, r.text
+    assert r.json()["field"] == field and r.json()["error"]
+
+
+def test_broken_bodies_methods_and_routes_are_4xx_with_json_errors(client):
+    for raw, why in [
+        (b"{not json", "not JSON"),
+        (b'{"inputs": "\xff\xfe"}', "not UTF-8"),
+        (b"", "empty"),
+        (b'{"inputs": NaN}', "not usable JSON"),
+        (b"[" * 100000, "not usable JSON"),
+        (b'{"model": "minilm", "inputs": "x", "dimensions": 1' + b"0" * 5000 + b"}", "JSON"),
+    ]:
+        r = client.post("/embed", content=raw)
+        assert r.status_code == 400 and why in r.json()["error"], (raw[:20], r.text)
+    assert client.post("/embed", json=["a list"]).status_code == 422
+    assert client.get("/embed").status_code == 405 and client.get("/embed").json()["error"]
+    assert client.post("/no-such-route", json={}).status_code == 404
+
+
+def test_a_fuzzer_never_gets_a_5xx_and_the_server_still_answers_right(client):
+    hypothesis = pytest.importorskip("hypothesis", reason="a test extra: the request fuzzer")
+    st = hypothesis.strategies
+    routes = ["/embed", "/v1/embeddings", "/similarity", "/rerank", "/predict", "/ner", "/qa"]
+    routes += ["/fill-mask", "/tokenize", "/decode"]
+    scalars = st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-(2**70), 2**70),
+        st.floats(allow_nan=False, allow_infinity=False),
+        st.text(max_size=30),
+        st.sampled_from(["minilm", "clf", "ner", "qa", "mlm", "[MASK]"]),
+    )
+    values = st.recursive(
+        scalars,
+        lambda inner: (
+            st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+        ),
+        max_leaves=12,
+    )
+    keys = st.sampled_from(
+        [
+            "inputs",
+            "input",
+            "model",
+            "normalize",
+            "truncate",
+            "windows",
+            "dimensions",
+            "top_k",
+            "query",
+            "texts",
+            "question",
+            "context",
+            "ids",
+            "raw_scores",
+            "pooling",
+            "targets",
+            "encoding_format",
+            "doc_stride",
+            "max_length",
+            "aggregation",
+            "truncation_direction",
+        ]
+    )
+    bodies = st.one_of(st.dictionaries(keys, values, max_size=6), values, st.binary(max_size=40))
+    seen: dict[int, int] = {}
+
+    @hypothesis.settings(
+        max_examples=2000,
+        deadline=None,
+        database=None,
+        suppress_health_check=list(hypothesis.HealthCheck),
+    )
+    @hypothesis.given(st.sampled_from(routes), bodies)
+    def send(route, body):
+        if isinstance(body, bytes):
+            r = client.post(route, content=body)
+        else:
+            r = client.post(route, content=json.dumps(body, allow_nan=False).encode())
+        seen[r.status_code] = seen.get(r.status_code, 0) + 1
+        assert r.status_code < 500, (route, body, r.text)
+        if r.status_code >= 400:
+            assert r.json()["error"]
+
+    send()
+    assert sum(seen.values()) >= 2000 and sum(v for k, v in seen.items() if k >= 400) > 1000
+    after = torch.tensor(_post(client, "/embed", model="minilm", inputs=TEXTS).json())
+    assert (after - pipeline("embed")(TEXTS)).abs().max() < 1e-5
+
+
+# ============================================================================ limits, failures
+def _slow(server: Server, name: str, seconds: float, fail_on: str | None = None) -> list[int]:
+    """Make ``name``'s forward sleep (and raise on rows holding ``fail_on``'s ids); returns a
+    list that collects the number of rows of every batch run."""
+    model, seen = server.models[name], []
+    forward = model.forward
+    bad = model.tokenizer(fail_on, add_special_tokens=False)["input_ids"] if fail_on else None
+
+    def slow(rows: list[Row], arrays=None):
+        seen.append(len(rows))
+        time.sleep(seconds)
+        if bad and any(r.input_ids[1 : 1 + len(bad)] == bad for r in rows):
+            raise RuntimeError("a planted fault")
+        return forward(rows, arrays)
+
+    model.forward = slow
+    return seen
+
+
+def test_past_max_concurrent_requests_the_excess_gets_429(folders):
+    server = Server(ServeConfig(models=[("mlm", folders["mlm"])], max_concurrent_requests=2))
+    _slow(server, "mlm", 0.5)
+    with TestClient(server.app()) as c:
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            codes = list(pool.map(lambda i: c.post("/embed", json={"inputs": f"t {i}"}), range(6)))
+    statuses = sorted(r.status_code for r in codes)
+    assert statuses.count(200) >= 2 and statuses.count(429) >= 1 and set(statuses) <= {200, 429}
+    refused = next(r for r in codes if r.status_code == 429)
+    assert "limit of 2 concurrent requests" in refused.json()["error"]
+
+
+def test_the_api_key_is_required_and_checked(folders):
+    server = Server(ServeConfig(models=[("mlm", folders["mlm"])], api_key="s3cret"))
+    with TestClient(server.app()) as c:
+        assert c.post("/embed", json={"inputs": "x"}).status_code == 401
+        wrong = {"Authorization": "Bearer nope"}
+        assert c.post("/embed", json={"inputs": "x"}, headers=wrong).status_code == 403
+        assert c.get("/info", headers=wrong).status_code == 403
+        ok = {"Authorization": "Bearer s3cret"}
+        assert c.post("/embed", json={"inputs": "x"}, headers=ok).status_code == 200
+        assert c.get("/health").status_code == 200  # open: a load balancer's probe
+
+
+def test_the_payload_limit_is_a_413(folders):
+    server = Server(ServeConfig(models=[("mlm", folders["mlm"])], payload_limit=100))
+    with TestClient(server.app()) as c:
+        r = c.post("/embed", json={"inputs": "x" * 200})
+        assert r.status_code == 413 and "limit is 100" in r.json()["error"]
+
+
+def test_a_failing_batch_fails_its_requests_alone_and_the_server_goes_on(folders):
+    server = Server(ServeConfig(models=[("mlm", folders["mlm"])], max_wait_ms=0))
+    _slow(server, "mlm", 0.0, fail_on="poison")
+    with TestClient(server.app()) as c:
+        bad = c.post("/embed", json={"inputs": "poison pill"})
+        assert bad.status_code == 500 and "the model failed" in bad.json()["error"]
+        assert bad.json()["error_type"] == "backend"
+        good = c.post("/embed", json={"inputs": "a fine text"})
+        assert good.status_code == 200 and len(good.json()[0]) == 64
+
+
+def test_settings_are_checked_before_anything_loads(folders):
+    with pytest.raises(ValueError, match="max_batch_tokens must be an integer >= 1, got 0"):
+        ServeConfig(models=[("a", folders["mlm"])], max_batch_tokens=0)
+    with pytest.raises(ValueError, match="two models are named a"):
+        ServeConfig(models=[("a", folders["mlm"]), ("a", folders["ner"])])
+    with pytest.raises(ValueError, match="below the model's length 64"):
+        Server(ServeConfig(models=[("a", folders["mlm"])], max_batch_tokens=32))
+
+
+# ============================================================================ a real server
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(args: list[str], port: int) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "bertlab.cli.main",
+            "serve",
+            *args,
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
+    import httpx
+
+    for _ in range(300):
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                return proc
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None:
+            raise AssertionError(proc.stdout.read().decode())
+        time.sleep(0.1)
+    proc.kill()
+    raise AssertionError("the server did not come up")
+
+
+def test_sigterm_finishes_admitted_requests_then_exits(folders):
+    import httpx
+
+    port = _port()
+    proc = _start([f"mlm={folders['mlm']}", "--max-wait-ms", "300"], port)
+    try:
+        result = {}
+
+        def ask():
+            result["r"] = httpx.post(
+                f"http://127.0.0.1:{port}/embed", json={"inputs": "in flight"}, timeout=30
+            )
+
+        t = threading.Thread(target=ask)
+        t.start()
+        time.sleep(0.1)  # admitted, waiting for its batch (300 ms)
+        proc.send_signal(signal.SIGTERM)
+        t.join(30)
+        assert result["r"].status_code == 200 and len(result["r"].json()[0]) == 64
+        # uvicorn re-raises the signal once it has shut down: the conventional exit status.
+        assert proc.wait(30) in (0, -signal.SIGTERM)
+    finally:
+        proc.kill()
+
+
+def test_a_client_that_leaves_is_dropped_before_its_rows_are_computed(folders):
+    server = Server(
+        ServeConfig(models=[("mlm", folders["mlm"])], max_wait_ms=0, max_batch_sequences=1)
+    )
+    seen = _slow(server, "mlm", 0.4)
+    import uvicorn
+
+    port = _port()
+    config = uvicorn.Config(server.app(), port=port, log_level="warning", lifespan="on")
+    userver = uvicorn.Server(config)
+    thread = threading.Thread(target=userver.run, daemon=True)
+    thread.start()
+    try:
+        import httpx
+
+        for _ in range(100):
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/health")
+                break
+            except httpx.TransportError:
+                time.sleep(0.05)
+        first = threading.Thread(
+            target=lambda: httpx.post(
+                f"http://127.0.0.1:{port}/embed", json={"inputs": "first"}, timeout=10
+            )
+        )
+        first.start()
+        time.sleep(0.1)  # the first occupies the model for 0.4 s
+        body = json.dumps({"inputs": "gone before its turn"}).encode()
+        s = socket.create_connection(("127.0.0.1", port))
+        s.sendall(
+            b"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+        )
+        time.sleep(0.1)
+        s.close()  # the client leaves while its request waits
+        first.join(10)
+        time.sleep(0.6)
+        r = httpx.post(f"http://127.0.0.1:{port}/embed", json={"inputs": "after"}, timeout=10)
+        assert r.status_code == 200
+        assert seen == [1, 1]  # the first and the last: the departed one never ran
+    finally:
+        userver.should_exit = True
+        thread.join(10)
+
+
+def test_the_readme_serve_examples_run_as_written():
+    """The shell block of "Serve it", run as written (on a free port): each curl answers what
+    its line says."""
+    import shutil
+
+    if shutil.which("curl") is None:
+        pytest.skip("curl is not installed: the README's examples call it")
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## Serve it", 1)[1].split("\n## ", 1)[0]
+    lines = section.split("```bash\n", 1)[1].split("```", 1)[0].strip().splitlines()
+    start, calls = lines[0], lines[1:]
+    assert start == "bertlab serve default --port 8080 &"
+    port = _port()
+    proc = _start(["default"], port)
+    try:
+        outs = []
+        for line in calls:
+            cmd = line.split("#", 1)[0].replace("localhost:8080", f"localhost:{port}")
+            done = subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=60)
+            outs.append(json.loads(done.stdout))
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    embed, openai, ranked, empty = outs
+    assert len(embed) == 2 and len(embed[0]) == 384
+    assert len(openai["data"][0]["embedding"]) == 8 and openai["usage"]["prompt_tokens"] == 5
+    assert [r["text"] for r in ranked] == ["a kitten slept", "stocks fell"]
+    assert empty == {"error": "inputs is empty", "error_type": "validation", "field": "inputs"}
+
+
+def test_the_command_refuses_bad_settings_by_name(folders, capsys, tmp_path):
+    from bertlab.cli.main import main
+
+    mc = _tiny(bertlab.BertForMultipleChoice, tmp_path / "mc", 6)
+    cases = [
+        (["serve", str(folders["mlm"]), "--port", "70000"], "--port 70000 is outside 0..65535"),
+        (["serve", str(folders["mlm"]), "--max-batch-tokens", "0"], "max_batch_tokens must be"),
+        (["serve", str(tmp_path / "missing")], "missing"),
+        (["serve", f"a={folders['mlm']}", f"a={folders['ner']}"], "two models are named a"),
+        (["serve", str(mc)], "multiple-choice head, which bertlab serve does not serve"),
+    ]
+    for argv, message in cases:
+        assert main(argv) == 2, argv
+        assert message in capsys.readouterr().err, argv
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        assert main(["serve", str(folders["mlm"]), "--port", port]) == 2
+        assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
