@@ -95,9 +95,10 @@ def batches(tokenizer: Any, texts: list[str], workload: str) -> list[dict[str, n
 
 def pool(hidden: np.ndarray | torch.Tensor, mask: np.ndarray) -> np.ndarray:
     """(B, T, H) hidden states -> (B, H) normalised means over real tokens."""
-    h = torch.as_tensor(hidden).float()
-    m = torch.as_tensor(mask).unsqueeze(-1).float()
-    return torch.nn.functional.normalize((h * m).sum(1) / m.sum(1), dim=-1).numpy()
+    from bertlab.pipelines.predict import mean_pool
+
+    means = mean_pool(torch.as_tensor(hidden).float(), torch.as_tensor(mask))
+    return torch.nn.functional.normalize(means, dim=-1).numpy()
 
 
 # ============================================================================ the systems

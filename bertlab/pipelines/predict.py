@@ -21,6 +21,13 @@ from bertlab.nn.heads import (
 from bertlab.pipelines.base import Pipeline, _batches, _check_top_k, _features, _texts
 
 
+def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(B, T, H) hidden states and their (B, T) attention mask -> (B, H) means over the real
+    tokens (sentence-transformers' mean pooling)."""
+    m = mask.unsqueeze(-1).float()
+    return (hidden * m).sum(1) / m.sum(1)
+
+
 class EmbedPipeline(Pipeline):
     """Sentence vectors: mean over real tokens (or the [CLS] vector), normalised to unit length
     by default. For the bundled checkpoint these are sentence-transformers' vectors."""
@@ -39,11 +46,7 @@ class EmbedPipeline(Pipeline):
             feats = _features(enc)
             result, batch = self._run(feats)
             h = result.last_hidden_state.float()  # (B, T, H)
-            if pooling == "cls":
-                v = h[:, 0]
-            else:
-                m = batch["attention_mask"].unsqueeze(-1).float()
-                v = (h * m).sum(1) / m.sum(1)
+            v = h[:, 0] if pooling == "cls" else mean_pool(h, batch["attention_mask"])
             out.append(torch.nn.functional.normalize(v, dim=-1) if normalize else v)
         vectors = torch.cat(out).cpu()
         return vectors[0] if single else vectors
@@ -83,14 +86,25 @@ class ClassifyPipeline(Pipeline):
             results += [self.labels(row, top_k) for row in out.logits.float().cpu()]
         return results[0] if single else results
 
+    @property
+    def regression(self) -> bool:
+        """Whether the model gives one value per text rather than label probabilities."""
+        config = self.model.config
+        return config.problem_type == "regression" or config.num_labels == 1
+
     def labels(self, logits: torch.Tensor, top_k: int | None = 1) -> list[dict] | dict:
         """One text's (C,) logits -> its ``top_k`` labels by probability (softmax), best first
         (None: every label), or {"value"} for a regression model."""
-        if self.model.config.problem_type == "regression" or logits.shape[-1] == 1:
+        if self.regression:
             return {"value": float(logits[0])}
-        names, row = self.model.config.labels, logits.float().softmax(-1)
-        order = row.argsort(descending=True).tolist()[: top_k or len(names)]
-        return [{"label": names[i], "score": float(row[i])} for i in order]
+        return self.ranked(logits.float().softmax(-1), top_k)
+
+    def ranked(self, scores: torch.Tensor, top_k: int | None = None) -> list[dict]:
+        """(C,) scores (probabilities or logits) -> {label, score} best first, ``top_k`` of
+        them (None: every label)."""
+        names = self.model.config.labels
+        order = scores.argsort(descending=True).tolist()[: top_k or len(names)]
+        return [{"label": names[i], "score": float(scores[i])} for i in order]
 
     def run(self, items: list, top_k: int | None = None, pair: str | None = None, **_: Any) -> list:
         """``pair``: one second text for every input."""

@@ -119,9 +119,7 @@ class RequestContext:
         while (await self.request.receive())["type"] != "http.disconnect":
             pass
 
-    async def compute(
-        self, model: ServedModel, rows: list[Row], finish: Any = None
-    ) -> list[Any] | Any:
+    async def compute(self, model: ServedModel, rows: list[Row], finish: Any = None) -> Any:
         job = Job(rows, asyncio.get_running_loop(), finish)
         self.server.batchers[model.name].submit(job)
         watcher = asyncio.ensure_future(self._gone())

@@ -42,6 +42,7 @@ from bertlab.pipelines.predict import (
     ClassifyPipeline,
     FillMaskPipeline,
     TagPipeline,
+    mean_pool,
 )
 from bertlab.tokenizer import BertTokenizer
 
@@ -274,8 +275,7 @@ class ServedModel:
             hidden = self.encoder(**batch).last_hidden_state.float()  # (B, T, H)
         means = None
         if any(row.want == "mean" for row in rows):  # the whole batch at once, as the pipeline
-            m = mask.unsqueeze(-1).float()
-            means = (hidden * m).sum(1) / m.sum(1)  # (B, H)
+            means = mean_pool(hidden, mask)  # (B, H)
         results: list[Any] = []
         for r, row in enumerate(rows):
             n = len(row)
@@ -398,9 +398,10 @@ class Batcher:
                 return None
             deadline = self._jobs[0].queued + lim.max_wait
             while not self._closing:
-                pending = sum(len(r) for j in self._jobs for r in j.rows[j.taken :])
+                rows = [r for j in self._jobs for r in j.rows[j.taken :]]
                 left = deadline - time.perf_counter()
-                if pending >= lim.max_batch_tokens or left <= 0:
+                full = len(rows) >= lim.max_batch_sequences
+                if full or sum(map(len, rows)) >= lim.max_batch_tokens or left <= 0:
                     break
                 self._cv.wait(left)
             batch = Batch([], [])

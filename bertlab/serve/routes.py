@@ -218,20 +218,15 @@ async def predict(ctx: Context, model: ServedModel, data: dict) -> Result:
     encoded = await ctx.thread(
         model.encode, items, "logits", pairs=pairs, long=long, direction=direction
     )
-    results = []
+    clf, results = model.classify, []
     for outs in _per_text(encoded, await ctx.compute(model, _rows(encoded))):
+        logits = torch.stack(outs)  # (windows, C)
         if raw:
-            logits = torch.stack(outs).mean(0)
-            names = model.config.labels
-            order = logits.argsort(descending=True).tolist()
-            results.append([{"label": names[i], "score": float(logits[i])} for i in order])
-        elif len(outs) == 1:
-            results.append(model.classify.labels(outs[0], top_k=None))
+            results.append(clf.ranked(logits.mean(0)))
+        elif len(outs) == 1 or clf.regression:  # a value: the mean of the windows' values
+            results.append(clf.labels(logits.mean(0), top_k=None))
         else:  # windows: the mean of their probabilities
-            probs = torch.stack([o.softmax(-1) for o in outs]).mean(0)
-            names = model.config.labels
-            order = probs.argsort(descending=True).tolist()
-            results.append([{"label": names[i], "score": float(probs[i])} for i in order])
+            results.append(clf.ranked(logits.softmax(-1).mean(0)))
     return (results[0] if single else results), _long_headers(encoded)
 
 
