@@ -119,7 +119,9 @@ def test_int8_calibration_keeps_the_layers_past_the_tolerance():
     errors = layer_errors(model, calib)
     assert set(errors) == {n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
     middle = sorted(errors.values())[len(errors) // 2]
-    q = quantize_int8(model, calibrate=calib, tolerance=middle, keep=[r"pooler\..*"])
+    q = quantize_int8(
+        model, calibrate=calib, tolerance=middle, keep=[r"pooler\..*"], smoothing_strength=None
+    )
     kept = q.int8_report["kept_float32"]
     assert kept["pooler.dense"] == "asked (keep=)"
     past = {n for n, e in errors.items() if e > middle and n != "pooler.dense"}
@@ -128,10 +130,84 @@ def test_int8_calibration_keeps_the_layers_past_the_tolerance():
     assert all(isinstance(q.get_submodule(n), Int8Linear) for n in q.int8_report["int8"])
 
 
+def test_smoothed_int8_layer_computes_x_over_s_times_w_s():
+    g = torch.Generator().manual_seed(0)
+    lin = torch.nn.Linear(16, 8)
+    x = torch.randn(5, 16, generator=g)
+    x[:, 3] *= 40  # an outlier channel
+    s = torch.rand(16, generator=g) + 0.5
+    q = Int8Linear(lin, smooth=s)
+    w = lin.weight.detach() * s
+    sw = w.abs().amax(1) / 127
+    wq = torch.round(w / sw[:, None])
+    xs = x / s
+    sx = xs.abs().amax(1, keepdim=True) / 127
+    want = (torch.round(xs / sx) @ wq.T) * sw * sx + lin.bias.detach()
+    with torch.no_grad():
+        torch.testing.assert_close(q(x), want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="smooth must be 16 positive factors"):
+        Int8Linear(lin, smooth=torch.ones(15))
+    with pytest.raises(ValueError, match="smooth must be 16 positive factors"):
+        Int8Linear(lin, smooth=torch.zeros(16))
+
+
+def outlier_model():
+    """The test network with one LayerNorm channel 30x the others, as real BERTs have: it
+    feeds every layer's attention projections and feed-forward input."""
+    torch.manual_seed(0)
+    model = BertModel(CFG).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("LayerNorm.weight"):
+                p[5] = 30.0
+    return model
+
+
+def test_calibrated_smoothing_lowers_the_int8_error_and_keeps_the_projections_one_product():
+    model = outlier_model()
+    ids, mask = batch()
+    calib = [{"input_ids": ids, "attention_mask": mask}]
+    plain = layer_errors(model, calib)
+    q = quantize_int8(model, calibrate=calib)
+    smoothed = q.int8_report["smoothed"]
+    names = [f"encoder.layer.0.attention.self.{p}" for p in ("query", "key", "value")]
+    assert set(names) <= set(smoothed)  # the projections read the outlier channel
+    assert len({smoothed[n] for n in names}) == 1  # one strength, one s: still one product
+    s = q.encoder.layer[0].attention.self
+    assert torch.equal(s.query.unsmooth, s.value.unsmooth)
+    for n in smoothed:  # chosen only where the calibration error drops
+        assert q.int8_report["errors"][n] < plain[n]
+    with torch.no_grad():
+        want = model(ids, mask).last_hidden_state
+        got = q(ids, mask).last_hidden_state
+        unsmoothed = quantize_int8(model, calibrate=calib, smoothing_strength=None)
+        worse = unsmoothed(ids, mask).last_hidden_state
+    real = mask.bool()
+    assert (got[real] - want[real]).norm() < (worse[real] - want[real]).norm()
+
+
+def test_smoothed_int8_from_packed_weights_equals_its_modules_and_ignores_the_batch(monkeypatch):
+    from bertlab.nn import fast
+
+    model = outlier_model()
+    ids, mask = batch()
+    q = quantize_int8(model, calibrate=[{"input_ids": ids, "attention_mask": mask}])
+    assert q.int8_report["smoothed"]
+    with torch.no_grad():
+        lean = q(ids, mask).last_hidden_state
+        alone = q(ids[1:2, :7]).last_hidden_state[0]
+        monkeypatch.setattr(fast.FastEncoder, "direct", lambda self, x: False)
+        modules = q(ids, mask).last_hidden_state
+    torch.testing.assert_close(lean, modules, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(alone, lean[1, :7], rtol=1e-5, atol=1e-5)
+
+
 def test_int8_refuses_what_it_cannot_run(monkeypatch):
     model = BertModel(CFG).eval()
     with pytest.raises(ValueError, match="tolerance must be > 0, got 0"):
         quantize_int8(model, tolerance=0)
+    with pytest.raises(ValueError, match=r"smoothing_strength must be in \(0, 1\), got 1.5"):
+        quantize_int8(model, smoothing_strength=(0.5, 1.5))
     monkeypatch.setattr(torch.cpu, "_is_vnni_supported", lambda: False)
     with pytest.raises(RuntimeError, match="no VNNI"):
         quantize_int8(model)

@@ -154,13 +154,31 @@ def _sources(layer: nn.Module) -> tuple[torch.Tensor | None, ...]:
     """The tensors a layer's packed form is made from (an nn.Linear or a precision.Int8Linear)."""
     if isinstance(layer, nn.Linear):
         return layer.weight, layer.bias
-    return layer.weight_int8, layer.weight_scale, layer.bias
+    return layer.weight_int8, layer.weight_scale, layer.unsmooth, layer.bias
+
+
+def _one_input(layers: Group) -> bool:
+    """Layers that can run as one product: all float, or all int8 with the same smoothing (the
+    input is divided by it once, before it is rounded)."""
+    from bertlab.nn.precision import Int8Linear
+
+    int8 = [isinstance(lin, Int8Linear) for lin in layers]
+    if any(int8) and not all(int8):
+        return False
+    if not all(int8):
+        return True
+    first = layers[0].unsmooth
+    return all(
+        (lin.unsmooth is None and first is None)
+        or (lin.unsmooth is not None and first is not None and torch.equal(lin.unsmooth, first))
+        for lin in layers
+    )
 
 
 def _stack(layers: Group, pack: bool) -> tuple[Any, torch.Tensor | None]:
     from bertlab.nn.precision import Int8Linear, Int8Weight
 
-    if len({isinstance(lin, Int8Linear) for lin in layers}) > 1:  # int8 beside float32
+    if not _one_input(layers):  # int8 beside float32, or int8 smoothed differently
         return [_stack((lin,), pack) for lin in layers], None  # one product each, side by side
     with torch.no_grad():
         if any(lin.bias is not None for lin in layers):
@@ -177,7 +195,8 @@ def _stack(layers: Group, pack: bool) -> tuple[Any, torch.Tensor | None]:
         if isinstance(layers[0], Int8Linear):
             weight = torch.cat([lin.weight_int8 for lin in layers], dim=1)  # (in, out)
             scale = torch.cat([lin.weight_scale for lin in layers])
-            return Int8Weight(weight, scale), (None if bias is None else bias.float())
+            weight = Int8Weight(weight, scale, layers[0].unsmooth)
+            return weight, (None if bias is None else bias.float())
         weight = torch.cat([lin.weight for lin in layers]) if len(layers) > 1 else layers[0].weight
         weight = weight.detach()
         return (_reorder(weight, PACK_ROWS) if pack else weight), bias

@@ -17,9 +17,23 @@ int8 (``quantize_int8``) replaces the linear layers by ``Int8Linear``:
   then scaled back to float32 with the bias added.
 
 Everything else stays in float32: the embeddings, every LayerNorm, the attention scores, softmax
-and the attention-weighted sum of values, the activations and the residual sums. A calibration
-pass (``calibrate=``) measures each linear layer's int8 error on real inputs and keeps the
-layers past ``tolerance`` in float32; ``model.int8_report`` lists what was kept and why.
+and the attention-weighted sum of values, the activations and the residual sums.
+
+Calibration (``calibrate=``, batches of real inputs) does two things:
+
+* **smoothing.** A BERT's LayerNorm outputs carry a few channels tens of times larger than the
+  rest; a per-token scale sized for them rounds every other channel coarsely. With the maximum
+  of each input channel a_j seen in calibration and the largest weight w_j of that column, the
+  layer computes (x / s)(W s)^T, which equals x W^T, with s_j = sqrt(a_j / w_j): the large
+  channels are scaled down in the activation and up in the weight before both are rounded
+  (SmoothQuant's migration; s_j = a_j^alpha / w_j^(1 - alpha) in general). s is fixed at
+  calibration, so a token's result still depends on that token alone. Layers that read the same
+  input (the three attention projections) share one s, so they still run as one product. Each
+  group takes the strength of ``SMOOTHING`` with the lowest int8 error on the calibration
+  batches, or none where none lowers it;
+* **tolerance.** Each layer's int8 error on those inputs is measured, and layers past
+  ``tolerance`` stay float32. ``model.int8_report`` lists what was smoothed, what was kept and
+  why.
 """
 
 from __future__ import annotations
@@ -60,55 +74,74 @@ def int8_supported() -> str | None:
     return None
 
 
-def _quantize_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(R, K) float -> int8 (R, K) and the scale of each row (R, 1): symmetric, max|row| -> 127."""
+def _quantize_rows(t: torch.Tensor, own: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(R, K) float -> int8 (R, K) and the scale of each row (R, 1): symmetric, max|row| -> 127.
+    own: t is a temporary of the caller's, divided in place."""
     scale = t.abs().amax(-1, keepdim=True).div_(127)  # 5x faster than vector_norm(inf) here
     scale.clamp_(min=torch.finfo(torch.float32).tiny)
-    return t.div(scale).round_().to(torch.int8), scale
+    return (t.div_(scale) if own else t.div(scale)).round_().to(torch.int8), scale
 
 
 class Int8Weight(NamedTuple):
-    """An int8 weight as the product reads it: (in, out) int8 and one scale per column."""
+    """An int8 weight as the product reads it: (in, out) int8, one scale per column, and the
+    inverse smoothing 1/s (in,) that x is multiplied by before it is rounded (or None)."""
 
     int8: torch.Tensor  # (in, out)
     scale: torch.Tensor  # (out,) float32
+    unsmooth: torch.Tensor | None = None  # (in,) float32
 
 
 def int8_product(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None) -> torch.Tensor:
-    """(..., in) float -> (..., out) float32: s_x * (q(x) W_int8) * s_w + b, one scale per row
-    of x (per token)."""
+    """(..., in) float -> (..., out) float32: s_x * (q(x / s) W_int8) * s_w + b, one scale per
+    row of x (per token)."""
     shape = x.shape
     flat = x.reshape(-1, shape[-1]).float()
     out = weight.int8.shape[1]
     if flat.shape[0] == 0:
         return flat.new_zeros(*shape[:-1], out)
-    q, scale = _quantize_rows(flat)
-    acc = torch._int_mm(q, weight.int8).float().mul_(weight.scale)
+    smoothed = weight.unsmooth is not None
+    q, scale = _quantize_rows(flat * weight.unsmooth if smoothed else flat, own=smoothed)
+    acc = torch.mul(torch._int_mm(q, weight.int8), weight.scale)  # int32 -> float32 in one pass
     y = acc.mul_(scale) if bias is None else torch.addcmul(bias, acc, scale)
     return y.view(*shape[:-1], out)
 
 
 class Int8Linear(nn.Module):
     """A linear layer computed in int8: per-channel weights, per-token activations (see the
-    module docstring). x (..., in) float -> (..., out) float32."""
+    module docstring). x (..., in) float -> (..., out) float32. ``smooth`` (in,): the layer
+    computes (x / s)(W s)^T, equal to x W^T before rounding."""
 
-    def __init__(self, linear: nn.Linear):
+    def __init__(self, linear: nn.Linear, smooth: torch.Tensor | None = None):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        weight, scale = _quantize_rows(linear.weight.detach().float())
+        w = linear.weight.detach().float()
+        if smooth is not None:
+            if smooth.shape != (self.in_features,) or not bool((smooth > 0).all()):
+                raise ValueError(
+                    f"smooth must be {self.in_features} positive factors, one per input "
+                    f"channel; got shape {tuple(smooth.shape)}"
+                )
+            w = w * smooth.float()
+        weight, scale = _quantize_rows(w)
         # (in, out): the layout the int8 product reads
         self.register_buffer("weight_int8", weight.t().contiguous())
         self.register_buffer("weight_scale", scale.squeeze(1))  # (out,)
+        unsmooth = None if smooth is None else smooth.float().reciprocal()
+        self.register_buffer("unsmooth", unsmooth)
         bias = None if linear.bias is None else linear.bias.detach().float().clone()
         self.register_buffer("bias", bias)
+
+    def int8_weight(self) -> Int8Weight:
+        return Int8Weight(self.weight_int8, self.weight_scale, self.unsmooth)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.device.type != "cpu":
             raise ValueError(f"int8 layers run on the CPU; the input is on {x.device}")
-        return int8_product(x, Int8Weight(self.weight_int8, self.weight_scale), self.bias)
+        return int8_product(x, self.int8_weight(), self.bias)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8"
+        smoothed = ", smoothed" if self.unsmooth is not None else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8{smoothed}"
 
 
 def _linears(model: nn.Module) -> dict[str, nn.Linear]:
@@ -120,21 +153,13 @@ def _set(model: nn.Module, name: str, module: nn.Module) -> None:
     setattr(model.get_submodule(parent) if parent else model, leaf, module)
 
 
-def layer_errors(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]]) -> dict[str, float]:
-    """Each linear layer's int8 error on real inputs: ||int8(x) - float(x)|| / ||float(x)||
-    over the inputs the float32 model gives it on ``batches`` (dicts of model inputs)."""
-    sums: dict[str, list[float]] = {}
-    handles = []
-    for name, lin in _linears(model).items():
-        probe = Int8Linear(lin)
+SMOOTHING = (0.3, 0.4, 0.5, 0.6, 0.7)  # the strengths alpha tried for each group of layers
 
-        def hook(m: nn.Module, args: tuple, out: torch.Tensor, name=name, probe=probe) -> None:
-            got = probe(args[0])
-            s = sums.setdefault(name, [0.0, 0.0])
-            s[0] += float((got - out.float()).pow(2).sum())
-            s[1] += float(out.float().pow(2).sum())
 
-        handles.append(lin.register_forward_hook(hook))
+def _run(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]], hooks: dict) -> None:
+    """The float model on ``batches`` with a forward hook on each named linear layer."""
+    linears = _linears(model)
+    handles = [linears[name].register_forward_hook(h) for name, h in hooks.items()]
     try:
         with torch.inference_mode():
             for b in batches:
@@ -142,6 +167,69 @@ def layer_errors(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]]) -
     finally:
         for h in handles:
             h.remove()
+
+
+def input_maxima(
+    model: nn.Module, batches: Iterable[dict[str, torch.Tensor]]
+) -> tuple[dict[str, torch.Tensor], list[list[str]]]:
+    """Each linear layer's largest input per channel, max |x_j| (in,), over ``batches``, and the
+    groups of layers that read one and the same input tensor (a layer's query, key and value)."""
+    maxima: dict[str, torch.Tensor] = {}
+    groups: list[list[str]] = []
+    last: list[Any] = [None]  # the input the newest group read (held, so its memory is not reused)
+
+    def hook(m: nn.Module, args: tuple, out: torch.Tensor, name: str) -> None:
+        x = args[0]
+        top = x.detach().reshape(-1, x.shape[-1]).abs().amax(0).float()
+        maxima[name] = top if name not in maxima else torch.maximum(maxima[name], top)
+        if any(name in g for g in groups):
+            return
+        if last[0] is x:
+            groups[-1].append(name)
+        else:
+            groups.append([name])
+            last[0] = x
+
+    _run(model, batches, {n: (lambda m, a, o, n=n: hook(m, a, o, n)) for n in _linears(model)})
+    return maxima, groups
+
+
+def smoothing(
+    model: nn.Module, maxima: dict[str, torch.Tensor], groups: list[list[str]], alpha: float
+) -> dict[str, torch.Tensor]:
+    """s (in,) for each layer: a_j^alpha / w_j^(1 - alpha), with a_j its input's largest value in
+    channel j and w_j the largest weight in column j over its group (one s per group)."""
+    linears = _linears(model)
+    factors = {}
+    for group in groups:
+        a = maxima[group[0]].clamp(min=1e-5)
+        w = torch.stack([linears[n].weight.detach().float().abs().amax(0) for n in group])
+        s = (a**alpha / w.amax(0).clamp(min=1e-5) ** (1 - alpha)).clamp(1e-5, 1e5)
+        factors.update({n: s for n in group})
+    return factors
+
+
+def layer_errors(
+    model: nn.Module,
+    batches: Iterable[dict[str, torch.Tensor]],
+    smooth: dict[str, torch.Tensor] | None = None,
+) -> dict[str, float]:
+    """Each linear layer's int8 error on real inputs: ||int8(x) - float(x)|| / ||float(x)||
+    over the inputs the float32 model gives it on ``batches`` (dicts of model inputs), with the
+    layer smoothed by ``smooth[name]`` where given."""
+    sums: dict[str, list[float]] = {}
+    probes = {
+        n: Int8Linear(lin, None if smooth is None else smooth.get(n))
+        for n, lin in _linears(model).items()
+    }
+
+    def hook(m: nn.Module, args: tuple, out: torch.Tensor, name: str) -> None:
+        got = probes[name](args[0])
+        s = sums.setdefault(name, [0.0, 0.0])
+        s[0] += float((got - out.float()).pow(2).sum())
+        s[1] += float(out.float().pow(2).sum())
+
+    _run(model, batches, {n: (lambda m, a, o, n=n: hook(m, a, o, n)) for n in probes})
     return {n: (e / max(r, 1e-30)) ** 0.5 for n, (e, r) in sums.items()}
 
 
@@ -150,17 +238,22 @@ def quantize_int8(
     calibrate: Iterable[dict[str, torch.Tensor]] | None = None,
     tolerance: float = 0.05,
     keep: Iterable[str] = (),
+    smoothing_strength: float | Iterable[float] | None = SMOOTHING,
 ) -> nn.Module:
     """A copy of ``model`` (float32, eval) whose linear layers run in int8 (``Int8Linear``); the
     original is untouched.
 
-    calibrate: batches (dicts of model inputs) on which each layer's int8 error is measured
-        (``layer_errors``); layers whose relative error passes ``tolerance`` stay float32.
+    calibrate: batches (dicts of model inputs) on which each layer's input channels are measured
+        for smoothing and its int8 error is measured (``layer_errors``); layers whose relative
+        error passes ``tolerance`` stay float32.
     keep: names or regular expressions of layers to keep in float32 regardless.
+    smoothing_strength: the strength alpha of the smoothing (module docstring), in (0, 1), or
+        several: each group of layers takes the one (or none) with the lowest int8 error on the
+        calibration batches. None: no smoothing. Needs ``calibrate``.
 
-    The copy's ``int8_report`` says which layers run in int8, which were kept and why, and what
-    always stays in higher precision. Refused, by name, where this machine cannot run the int8
-    kernels or the model is not on the CPU."""
+    The copy's ``int8_report`` says which layers run in int8, which were smoothed, which were
+    kept and why, and what always stays in higher precision. Refused, by name, where this
+    machine cannot run the int8 kernels or the model is not on the CPU."""
     why = int8_supported()
     if why is not None:
         raise RuntimeError(f"int8 inference is not available: {why}")
@@ -171,9 +264,33 @@ def quantize_int8(
         )
     if not 0 < tolerance:
         raise ValueError(f"tolerance must be > 0, got {tolerance}")
+    if smoothing_strength is None:
+        strengths: tuple[float, ...] = ()
+    elif isinstance(smoothing_strength, (int, float)):
+        strengths = (float(smoothing_strength),)
+    else:
+        strengths = tuple(float(a) for a in smoothing_strength)
+    for alpha in strengths:
+        if not 0 < alpha < 1:
+            raise ValueError(f"smoothing_strength must be in (0, 1), got {alpha}")
     patterns = [re.compile(k) for k in keep]
     q = copy.deepcopy(model).float().eval()
-    errors = layer_errors(q, calibrate) if calibrate is not None else {}
+    errors: dict[str, float] = {}
+    factors: dict[str, torch.Tensor] = {}
+    strength: dict[str, float] = {}
+    if calibrate is not None:
+        batches = list(calibrate)
+        errors = layer_errors(q, batches)
+        if strengths:
+            maxima, groups = input_maxima(q, batches)
+            for alpha in strengths:
+                candidate = smoothing(q, maxima, groups, alpha)
+                smoothed = layer_errors(q, batches, candidate)
+                for group in groups:  # smoothed where it lowers the group's error the most
+                    if sum(smoothed[n] ** 2 for n in group) < sum(errors[n] ** 2 for n in group):
+                        factors.update({n: candidate[n] for n in group})
+                        errors.update({n: smoothed[n] for n in group})
+                        strength.update({n: alpha for n in group})
     kept: dict[str, str] = {}
     quantized = []
     for name, lin in _linears(q).items():
@@ -182,10 +299,11 @@ def quantize_int8(
         elif errors.get(name, 0.0) > tolerance:
             kept[name] = f"int8 error {errors[name]:.3f} > tolerance {tolerance}"
         else:
-            _set(q, name, Int8Linear(lin))
+            _set(q, name, Int8Linear(lin, factors.get(name)))
             quantized.append(name)
     report: dict[str, Any] = {
         "int8": quantized,
+        "smoothed": {n: strength[n] for n in quantized if n in factors},  # name -> alpha
         "kept_float32": kept,
         "errors": {n: round(e, 5) for n, e in errors.items()},
         "always_float32": list(HIGHER_PRECISION),
