@@ -696,3 +696,20 @@ def test_the_command_refuses_bad_settings_by_name(folders, capsys, tmp_path):
         port = str(taken.getsockname()[1])
         assert main(["serve", str(folders["mlm"]), "--port", port]) == 2
         assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
+
+
+def test_every_served_batch_has_padding_so_its_row_count_is_rounded():
+    from bertlab.nn.packing import Packing, round_rows
+    from bertlab.serve.engine import Row, pad_rows
+
+    rows = [Row([101, 7, 102], [0, 0, 0], "mean")]
+    arrays = pad_rows(rows, 0, 512)
+    assert arrays["input_ids"].shape == (1, 4) and arrays["attention_mask"][0].tolist() == [
+        1
+    ] * 3 + [0]
+    mask = torch.from_numpy(arrays["attention_mask"])
+    packing = Packing.from_mask(mask, 1, 4, torch.device("cpu"), round_rows)
+    assert packing.rows == round_rows(3) == 8  # not 3: a shape the server has met before
+    full = [Row([1] * 512, [0] * 512, "mean")]
+    assert pad_rows(full, 0, 512)["input_ids"].shape == (1, 512)  # no room past the positions
+    assert pad_rows(rows, 0)["input_ids"].shape == (1, 3)  # without a width: as long as the rows

@@ -85,7 +85,8 @@ def bench_precision(
             m = task.model_class.from_pretrained(config.model, dtype=torch.bfloat16).eval()
         elif name == "int8":
             m = quantize_int8(model, calibrate=calibrate, tolerance=tolerance)
-            out["int8_report"] = {k: m.int8_report[k] for k in ("kept_float32", "scheme")}
+            keys = ("kept_float32", "smoothed", "scheme")
+            out["int8_report"] = {k: m.int8_report[k] for k in keys}
             out["int8_report"]["int8_layers"] = len(m.int8_report["int8"])
         else:
             m = model
@@ -120,7 +121,9 @@ def format_precision(r: dict[str, Any]) -> str:
     kept = r.get("int8_report", {}).get("kept_float32")
     if kept is not None:
         lines.append(
-            f"int8: {len(kept)} linear layers kept in float32" + (f": {kept}" if kept else "")
+            f"int8: {len(kept)} linear layers kept in float32"
+            + (f": {kept}" if kept else "")
+            + f", {len(r['int8_report'].get('smoothed', {}))} smoothed"
         )
     lines.append("(figures in points: x100)")
     return "\n".join(lines)
