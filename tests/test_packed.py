@@ -698,6 +698,32 @@ def test_windowed_attention_is_each_sequence_alone_whatever_its_neighbours_hold(
             assert torch.equal(again[s:e], out[s:e]), f"sequence {b} saw its neighbours"
 
 
+def test_windows_of_one_width_run_as_one_call_with_the_same_result(monkeypatch):
+    lengths = (20, 30, 25, 5, 70, 32)  # windows 32 (x4, the last unmasked), 16 and 80
+    p, plan = windows_for(lengths)
+    groups = p.window_groups(p.total, torch.float32, "cpu")
+    assert p.window_groups(p.total, torch.float32, "cpu") is groups  # once per batch
+    widths = [(g.width, getattr(g, "count", 1)) for g in groups]
+    assert widths == [(16, 1), (32, 4), (80, 1)]
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(p.total, 4, 8, generator=g) for _ in range(3))
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def counted(*args, **kw):
+        calls.append(args[0].shape)
+        return sdpa(*args, **kw)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", counted)
+    with torch.no_grad():
+        grouped, _ = bertlab.nn.attention.packed_attention(q, k, v, p, 0.0)
+        assert [c[0] for c in calls] == [1, 4, 1]  # three calls, not six
+        monkeypatch.setattr(Packing, "window_groups", lambda self, *a: self.windows(*a))
+        one_by_one, _ = bertlab.nn.attention.packed_attention(q, k, v, p, 0.0)
+    assert len(calls) == 3 + 6
+    assert torch.equal(grouped, one_by_one)
+
+
 def test_varlen_kernel_gets_the_packing_and_its_result_is_returned(monkeypatch):
     """On CUDA in half precision the packed batch goes to PyTorch's variable-length kernel in
     one call. CI has no GPU, so a stand-in kernel (each sequence alone through SDPA, found

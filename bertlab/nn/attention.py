@@ -29,7 +29,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from bertlab.nn.packing import Packing
+from bertlab.nn.packing import Packing, WindowGroup
 
 try:  # variable-length flash attention (CUDA, half precision), in recent PyTorch
     from torch.nn.attention.varlen import varlen_attn
@@ -103,9 +103,14 @@ def packed_attention(
     faster than the written-out equation in bfloat16 and as fast in float32, and closer to
     float32 in bfloat16 because its softmax never rounds the scores), over a window rounded to
     16 rows whose borrowed keys are masked out (``Packing.windows``: 27% less attention time
-    in bfloat16, 7% in float32, on the variable-length workload). When gradients are
-    recorded, the written-out equation runs instead, on each sequence's own rows: its
-    backward is about 7% of a fine-tuning step cheaper."""
+    in bfloat16, 7% in float32, on the variable-length workload). Windows of one width are
+    gathered and run as one batched call (``Packing.window_groups``; the same numbers, bit for
+    bit): on the runtimes benchmark's 1,024 news sentences in batches of 32, 2 threads, the
+    bundled model ran 14-15% faster in bfloat16 and 5-9% in float32 than with one call per
+    sequence (Intel Xeon with AMX; on sorted bfloat16 batches the attention calls took 117 ms
+    per pass instead of 224). When gradients are recorded, the written-out equation runs
+    instead, on each sequence's own rows: its backward is about 7% of a fine-tuning step
+    cheaper."""
     if need_weights:
         raise ValueError("the packed kernel does not return attention probabilities")
     N, A, D = q.shape
@@ -135,7 +140,17 @@ def packed_attention(
     # multiple of 16 rows (Packing.windows), each result written straight into the output.
     out = torch.empty_like(q)  # (N, A, D); rows past the last sequence (spare rows) are zeros
     out[packing.total :] = 0
-    for w in packing.windows(N, q.dtype, q.device):
+    for w in packing.window_groups(N, q.dtype, q.device):
+        if isinstance(w, WindowGroup):  # k windows of one width: gathered, one call
+            count, width = w.count, w.width
+            qg, kg, vg = (
+                t.index_select(0, w.rows).view(count, width, A, D).transpose(1, 2)
+                for t in (q, k, v)
+            )  # (count, A, width, D)
+            o = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=w.mask, dropout_p=dropout_p)
+            o = o.transpose(1, 2).reshape(count * width, A, D)
+            out.index_copy_(0, w.to, o.index_select(0, w.own))
+            continue
         s = slice(w.first, w.first + w.width)
         o = F.scaled_dot_product_attention(
             qh[:, :, s], kh[:, :, s], vh[:, :, s], attn_mask=w.mask, dropout_p=dropout_p
