@@ -309,9 +309,9 @@ def pad_rows(rows: list[Row], pad_id: int, width: int | None = None) -> dict[str
     every batch then has padding, so the model runs it packed on a rounded row count
     (packing.round_rows) as it does any padded batch, and a server meets a bounded set of
     matrix shapes (about 16 per doubling of the token count), each built once, instead of one
-    per exact token count, whose kernels pile up in oneDNN's cache: over 20,000 batch-1
-    requests the server's memory grew by 8% of its level after the first 1,000 this way, and
-    by 14% without."""
+    per exact token count, whose kernels pile up in oneDNN's cache. Over 20,000 batch-1
+    requests run through ``ServedModel.forward`` in one process, memory grew by 8% of its
+    level after the first 1,000 this way, and by 14% without."""
     B, T = len(rows), max(len(r) for r in rows)
     if width is not None and T < width:
         T += 1
