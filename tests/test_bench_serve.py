@@ -149,7 +149,8 @@ def test_a_server_that_dies_is_named_with_its_output_and_one_that_runs_is_stoppe
 
 
 def test_the_benchmark_runs_every_workload_and_reports_what_it_could_not_run(tmp_path, monkeypatch):
-    def bertlab_stub(model_dir, port, threads, limit=None):
+    def bertlab_stub(model_dir, port, threads, limit=None, dtype="float32"):
+        assert dtype == "float32"
         return stub_spec(tmp_path, "bertlab", port, delay=0.002, limit=limit)
 
     monkeypatch.setattr(serve, "bertlab_spec", bertlab_stub)
@@ -216,3 +217,23 @@ def test_the_command_reports_a_missing_system_as_not_run(capsys):
 def test_bad_options_are_refused_by_name_before_any_server_starts(option, message, capsys):
     assert main(["bench", "serve", *option]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_bertlab_can_be_benchmarked_in_bfloat16_and_says_so():
+    pytest.importorskip("starlette", reason="bertlab serve needs the serve extra")
+    plain = serve.bertlab_spec("MODEL", 1234, 2)
+    assert "--dtype" not in plain.command  # float32: the server's default, nothing added
+    bf16 = serve.bertlab_spec("MODEL", 1234, 2, limit=8, dtype="bfloat16")
+    i = bf16.command.index("--dtype")
+    assert bf16.command[i + 1] == "bfloat16" and "--max-concurrent-requests" in bf16.command
+    with pytest.raises(
+        ValueError, match="bertlab_dtype must be one of float32, bfloat16; got 'int8'"
+    ):
+        bench_serve(("bertlab",), bertlab_dtype="int8")
+
+
+def test_an_unknown_bertlab_dtype_is_refused_by_the_command(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "serve", "--bertlab-dtype", "int8"])
+    assert e.value.code == 2
+    assert "invalid choice: 'int8'" in capsys.readouterr().err

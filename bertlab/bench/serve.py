@@ -62,6 +62,7 @@ from bertlab.bench.speed import SAMPLES, machine
 
 SYSTEMS = ("bertlab", "fastapi-st", "infinity")
 WORKLOADS = ("batch1", "batch256", "overload", "memory")
+BERTLAB_DTYPES = ("float32", "bfloat16")  # what ``bertlab serve --dtype`` takes
 COMPARED = ("batch1", "batch256")  # every system; overload and memory are bertlab's alone
 BATCH, BATCH_CLIENTS = 256, 4
 FIRST = 1000  # memory is read after the first FIRST requests
@@ -97,7 +98,11 @@ def _version(dist: str) -> str:
 
 
 def bertlab_spec(
-    model_dir: str, port: int | str, threads: int, limit: int | None = None
+    model_dir: str,
+    port: int | str,
+    threads: int,
+    limit: int | None = None,
+    dtype: str = "float32",
 ) -> ServerSpec:
     if importlib.util.find_spec("bertlab.serve") is None:
         raise Unavailable("this bertlab has no server yet (no bertlab.serve module)")
@@ -108,6 +113,7 @@ def bertlab_spec(
     command += ["--port", str(port), "--threads", str(threads), "--log-level", "warning"]
     command += ["--max-client-batch-size", str(BATCH)]  # its default, TEI's, is 32 texts
     command += ["--max-concurrent-requests", str(limit)] if limit else []
+    command += ["--dtype", dtype] if dtype != "float32" else []
     return ServerSpec("bertlab", command, "/embed", embed_body, list, _version("bertlab"))
 
 
@@ -157,6 +163,7 @@ def check_options(
     concurrency: int,
     requests: int,
     warmup: float,
+    bertlab_dtype: str = "float32",
 ) -> None:
     """Refuse what cannot be run, naming the value, before any server starts."""
     for kind, given, known in (("system", systems, SYSTEMS), ("workload", workloads, WORKLOADS)):
@@ -171,6 +178,16 @@ def check_options(
         raise ValueError(f"requests must be from {FIRST} to 10,000,000; got {requests}")
     if not 0 <= warmup <= 600:
         raise ValueError(f"warmup must be from 0 to 600 seconds; got {warmup:g}")
+    if bertlab_dtype not in BERTLAB_DTYPES:
+        raise ValueError(
+            f"bertlab_dtype must be one of {', '.join(BERTLAB_DTYPES)}; got {bertlab_dtype!r}"
+        )
+    if bertlab_dtype == "bfloat16" and "bertlab" in systems:
+        from bertlab.nn.precision import bf16_supported
+
+        why = bf16_supported()
+        if why is not None:
+            raise ValueError(f"bertlab_dtype bfloat16 cannot run here: {why}")
 
 
 @dataclass
@@ -208,13 +225,15 @@ def bench_serve(
     warmup: float = 3.0,
     threads: int | None = None,
     infinity_venv: str | None = None,
+    bertlab_dtype: str = "float32",
     progress: Callable[[str], None] = lambda _: None,
 ) -> dict[str, Any]:
-    """Every system on the compared workloads; bertlab also under overload and for memory."""
+    """Every system on the compared workloads; bertlab also under overload and for memory.
+    ``bertlab_dtype``: the precision bertlab serves in (the others serve float32)."""
     from bertlab.files import resolve_model_dir
     from bertlab.tokenizer import BertTokenizer
 
-    check_options(systems, workloads, seconds, concurrency, requests, warmup)
+    check_options(systems, workloads, seconds, concurrency, requests, warmup, bertlab_dtype)
     model_dir = str(resolve_model_dir(model))
     threads = threads or os.cpu_count() or 1
     texts = serve_texts()
@@ -227,6 +246,7 @@ def bench_serve(
         "texts": f"bertlab's bundled SST-2 samples, {len(texts):,} sentences of "
         f"{sum(tokens) / len(texts):.1f} tokens on average",
         "threads": threads,
+        "bertlab_dtype": bertlab_dtype,
         "seconds": seconds,
         "warmup_s": warmup,
         "concurrency": concurrency,
@@ -238,7 +258,9 @@ def bench_serve(
         for w in (w for w in workloads if w not in COMPARED):
             report["unavailable"][w] = "bertlab's alone, and bertlab was not asked"
     specs = {
-        "bertlab": lambda port, limit=None: bertlab_spec(model_dir, port, threads, limit),
+        "bertlab": lambda port, limit=None: bertlab_spec(
+            model_dir, port, threads, limit, bertlab_dtype
+        ),
         "fastapi-st": lambda port, limit=None: fastapi_st_spec(model_dir, port, threads),
         "infinity": lambda port, limit=None: infinity_spec(model_dir, port, infinity_venv),
     }

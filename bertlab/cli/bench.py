@@ -343,10 +343,13 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         threads=args.threads,
         infinity_venv=args.infinity_venv,
+        bertlab_dtype=args.bertlab_dtype,
         progress=lambda line: print(line, file=sys.stderr, flush=True),
     )
     m = report["machine"]
     print(f"{m['cpu']}, {report['threads']} threads per server; {report['texts']}")
+    if report["bertlab_dtype"] != "float32":
+        print(f"bertlab serves in {report['bertlab_dtype']}; the other servers in float32")
     print(markdown_table(report))
     for line in summary_lines(report):
         print(line)
@@ -547,6 +550,12 @@ def add_bench_parsers(sub: argparse._SubParsersAction) -> None:
         "--requests", type=int, default=100_000, help="requests of the memory workload"
     )
     srv.add_argument("--threads", type=int, help="threads of every server (default: the cores)")
+    srv.add_argument(
+        "--bertlab-dtype",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="the precision bertlab serves in (bertlab serve --dtype); the others serve float32",
+    )
     srv.add_argument(
         "--infinity-venv",
         metavar="PATH",
