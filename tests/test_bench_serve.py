@@ -155,7 +155,7 @@ def test_the_benchmark_runs_every_workload_and_reports_what_it_could_not_run(tmp
 
     monkeypatch.setattr(serve, "bertlab_spec", bertlab_stub)
     monkeypatch.setattr(
-        serve, "fastapi_st_spec", lambda d, port, t: stub_spec(tmp_path, "fastapi-st", port)
+        serve, "fastapi_st_spec", lambda d, port, t, dtype: stub_spec(tmp_path, "fastapi-st", port)
     )
     report = bench_serve(
         ("bertlab", "fastapi-st", "infinity"),
@@ -219,21 +219,28 @@ def test_bad_options_are_refused_by_name_before_any_server_starts(option, messag
     assert message in capsys.readouterr().err
 
 
-def test_bertlab_can_be_benchmarked_in_bfloat16_and_says_so():
+def test_every_server_can_be_benchmarked_in_bfloat16(tmp_path):
     pytest.importorskip("starlette", reason="bertlab serve needs the serve extra")
     plain = serve.bertlab_spec("MODEL", 1234, 2)
     assert "--dtype" not in plain.command  # float32: the server's default, nothing added
     bf16 = serve.bertlab_spec("MODEL", 1234, 2, limit=8, dtype="bfloat16")
     i = bf16.command.index("--dtype")
     assert bf16.command[i + 1] == "bfloat16" and "--max-concurrent-requests" in bf16.command
-    with pytest.raises(
-        ValueError, match="bertlab_dtype must be one of float32, bfloat16; got 'int8'"
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "infinity_emb").write_text("")
+    for spec in (
+        serve.fastapi_st_spec("MODEL", 1234, 2, "bfloat16"),
+        serve.infinity_spec("MODEL", 1234, str(venv), "bfloat16"),
     ):
-        bench_serve(("bertlab",), bertlab_dtype="int8")
+        assert spec.command[spec.command.index("--dtype") + 1] == "bfloat16", spec.name
+    assert "--dtype" not in serve.infinity_spec("MODEL", 1234, str(venv)).command
+    with pytest.raises(ValueError, match="dtype must be one of float32, bfloat16; got 'int8'"):
+        bench_serve(("bertlab",), dtype="int8")
 
 
-def test_an_unknown_bertlab_dtype_is_refused_by_the_command(capsys):
+def test_an_unknown_dtype_is_refused_by_the_command(capsys):
     with pytest.raises(SystemExit) as e:
-        main(["bench", "serve", "--bertlab-dtype", "int8"])
+        main(["bench", "serve", "--dtype", "int8"])
     assert e.value.code == 2
     assert "invalid choice: 'int8'" in capsys.readouterr().err

@@ -62,7 +62,7 @@ from bertlab.bench.speed import SAMPLES, machine
 
 SYSTEMS = ("bertlab", "fastapi-st", "infinity")
 WORKLOADS = ("batch1", "batch256", "overload", "memory")
-BERTLAB_DTYPES = ("float32", "bfloat16")  # what ``bertlab serve --dtype`` takes
+DTYPES = ("float32", "bfloat16")  # the precisions every server is run in (--dtype)
 COMPARED = ("batch1", "batch256")  # every system; overload and memory are bertlab's alone
 BATCH, BATCH_CLIENTS = 256, 4
 FIRST = 1000  # memory is read after the first FIRST requests
@@ -117,18 +117,23 @@ def bertlab_spec(
     return ServerSpec("bertlab", command, "/embed", embed_body, list, _version("bertlab"))
 
 
-def fastapi_st_spec(model_dir: str, port: int | str, threads: int) -> ServerSpec:
+def fastapi_st_spec(
+    model_dir: str, port: int | str, threads: int, dtype: str = "float32"
+) -> ServerSpec:
     need = ("fastapi", "uvicorn", "sentence_transformers")
     missing = [m for m in need if importlib.util.find_spec(m) is None]
     if missing:
         raise Unavailable(f"{', '.join(missing)} not installed (pip install fastapi uvicorn)")
     command = [sys.executable, "-m", "bertlab.bench.st_server", model_dir, "--host", HOST]
     command += ["--port", str(port), "--threads", str(threads)]
+    command += ["--dtype", dtype] if dtype != "float32" else []
     version = f"sentence-transformers {_version('sentence-transformers')}"
     return ServerSpec("fastapi-st", command, "/embed", embed_body, list, version)
 
 
-def infinity_spec(model_dir: str, port: int | str, venv: str | None) -> ServerSpec:
+def infinity_spec(
+    model_dir: str, port: int | str, venv: str | None, dtype: str = "float32"
+) -> ServerSpec:
     if not venv:
         raise Unavailable(
             'no --infinity-venv given (set-up: benchmarks/README.md, "Serving over HTTP")'
@@ -141,6 +146,7 @@ def infinity_spec(model_dir: str, port: int | str, venv: str | None) -> ServerSp
     command = [str(exe), "v2", "--model-id", model_dir, "--served-model-name", MODEL_NAME]
     command += ["--engine", "torch", "--device", "cpu", "--host", HOST, "--port", str(port)]
     command += ["--log-level", "warning"]
+    command += ["--dtype", dtype] if dtype != "float32" else []  # float32: its "auto" on CPU
     return ServerSpec("infinity", command, "/embeddings", openai_body, openai_vectors, version)
 
 
@@ -163,7 +169,7 @@ def check_options(
     concurrency: int,
     requests: int,
     warmup: float,
-    bertlab_dtype: str = "float32",
+    dtype: str = "float32",
 ) -> None:
     """Refuse what cannot be run, naming the value, before any server starts."""
     for kind, given, known in (("system", systems, SYSTEMS), ("workload", workloads, WORKLOADS)):
@@ -178,16 +184,14 @@ def check_options(
         raise ValueError(f"requests must be from {FIRST} to 10,000,000; got {requests}")
     if not 0 <= warmup <= 600:
         raise ValueError(f"warmup must be from 0 to 600 seconds; got {warmup:g}")
-    if bertlab_dtype not in BERTLAB_DTYPES:
-        raise ValueError(
-            f"bertlab_dtype must be one of {', '.join(BERTLAB_DTYPES)}; got {bertlab_dtype!r}"
-        )
-    if bertlab_dtype == "bfloat16" and "bertlab" in systems:
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype!r}")
+    if dtype == "bfloat16":
         from bertlab.nn.precision import bf16_supported
 
         why = bf16_supported()
         if why is not None:
-            raise ValueError(f"bertlab_dtype bfloat16 cannot run here: {why}")
+            raise ValueError(f"dtype bfloat16 cannot run here: {why}")
 
 
 @dataclass
@@ -225,15 +229,15 @@ def bench_serve(
     warmup: float = 3.0,
     threads: int | None = None,
     infinity_venv: str | None = None,
-    bertlab_dtype: str = "float32",
+    dtype: str = "float32",
     progress: Callable[[str], None] = lambda _: None,
 ) -> dict[str, Any]:
     """Every system on the compared workloads; bertlab also under overload and for memory.
-    ``bertlab_dtype``: the precision bertlab serves in (the others serve float32)."""
+    ``dtype``: the precision every server runs its model in."""
     from bertlab.files import resolve_model_dir
     from bertlab.tokenizer import BertTokenizer
 
-    check_options(systems, workloads, seconds, concurrency, requests, warmup, bertlab_dtype)
+    check_options(systems, workloads, seconds, concurrency, requests, warmup, dtype)
     model_dir = str(resolve_model_dir(model))
     threads = threads or os.cpu_count() or 1
     texts = serve_texts()
@@ -246,7 +250,7 @@ def bench_serve(
         "texts": f"bertlab's bundled SST-2 samples, {len(texts):,} sentences of "
         f"{sum(tokens) / len(texts):.1f} tokens on average",
         "threads": threads,
-        "bertlab_dtype": bertlab_dtype,
+        "dtype": dtype,
         "seconds": seconds,
         "warmup_s": warmup,
         "concurrency": concurrency,
@@ -258,11 +262,9 @@ def bench_serve(
         for w in (w for w in workloads if w not in COMPARED):
             report["unavailable"][w] = "bertlab's alone, and bertlab was not asked"
     specs = {
-        "bertlab": lambda port, limit=None: bertlab_spec(
-            model_dir, port, threads, limit, bertlab_dtype
-        ),
-        "fastapi-st": lambda port, limit=None: fastapi_st_spec(model_dir, port, threads),
-        "infinity": lambda port, limit=None: infinity_spec(model_dir, port, infinity_venv),
+        "bertlab": lambda port, limit=None: bertlab_spec(model_dir, port, threads, limit, dtype),
+        "fastapi-st": lambda port, limit=None: fastapi_st_spec(model_dir, port, threads, dtype),
+        "infinity": lambda port, limit=None: infinity_spec(model_dir, port, infinity_venv, dtype),
     }
     with tempfile.TemporaryDirectory(prefix="bertlab-bench-serve-") as tmp:
         bench = Bench(

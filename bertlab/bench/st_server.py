@@ -3,6 +3,7 @@ write it in an afternoon. One ``SentenceTransformer(DIR).encode(...)`` per reque
 thread pool (a plain ``def`` route), no batching across requests, no admission control.
 
     python -m bertlab.bench.st_server DIR --port P [--host 127.0.0.1] [--threads N]
+        [--dtype float32|bfloat16]
 
 Routes, the same shapes as ``bertlab serve``'s: ``GET /health`` (200 once the model is
 loaded: uvicorn accepts connections only after this module has loaded it) and ``POST /embed``
@@ -19,11 +20,14 @@ class EmbedRequest(BaseModel):
     normalize: bool = True
 
 
-def build_app(model_dir: str):  # -> fastapi.FastAPI
+def build_app(model_dir: str, dtype: str = "float32"):  # -> fastapi.FastAPI
+    import torch
     from fastapi import FastAPI
     from sentence_transformers import SentenceTransformer
 
     model = SentenceTransformer(model_dir, device="cpu")
+    if dtype == "bfloat16":
+        model = model.to(torch.bfloat16)
     app = FastAPI()
 
     @app.get("/health")
@@ -33,7 +37,10 @@ def build_app(model_dir: str):  # -> fastapi.FastAPI
     @app.post("/embed")
     def embed(request: EmbedRequest) -> list:
         texts = [request.inputs] if isinstance(request.inputs, str) else request.inputs
-        return model.encode(texts, normalize_embeddings=request.normalize).tolist()
+        vectors = model.encode(
+            texts, normalize_embeddings=request.normalize, convert_to_tensor=True
+        )
+        return vectors.float().tolist()
 
     return app
 
@@ -44,13 +51,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     args = p.parse_args(argv)
     import torch
     import uvicorn
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    app = build_app(args.model)
+    app = build_app(args.model, args.dtype)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 
 

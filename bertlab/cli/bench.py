@@ -343,13 +343,13 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         threads=args.threads,
         infinity_venv=args.infinity_venv,
-        bertlab_dtype=args.bertlab_dtype,
+        dtype=args.dtype,
         progress=lambda line: print(line, file=sys.stderr, flush=True),
     )
     m = report["machine"]
     print(f"{m['cpu']}, {report['threads']} threads per server; {report['texts']}")
-    if report["bertlab_dtype"] != "float32":
-        print(f"bertlab serves in {report['bertlab_dtype']}; the other servers in float32")
+    if report["dtype"] != "float32":
+        print(f"every server runs its model in {report['dtype']}")
     print(markdown_table(report))
     for line in summary_lines(report):
         print(line)
@@ -551,10 +551,10 @@ def add_bench_parsers(sub: argparse._SubParsersAction) -> None:
     )
     srv.add_argument("--threads", type=int, help="threads of every server (default: the cores)")
     srv.add_argument(
-        "--bertlab-dtype",
+        "--dtype",
         choices=["float32", "bfloat16"],
         default="float32",
-        help="the precision bertlab serves in (bertlab serve --dtype); the others serve float32",
+        help="the precision every server runs its model in",
     )
     srv.add_argument(
         "--infinity-venv",
