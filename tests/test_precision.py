@@ -208,6 +208,8 @@ def test_int8_refuses_what_it_cannot_run(monkeypatch):
         quantize_int8(model, tolerance=0)
     with pytest.raises(ValueError, match=r"smoothing_strength must be in \(0, 1\), got 1.5"):
         quantize_int8(model, smoothing_strength=(0.5, 1.5))
+    with pytest.raises(ValueError, match="smoothing_strength=0.5 needs calibrate= batches"):
+        quantize_int8(model, smoothing_strength=0.5)
     monkeypatch.setattr(torch.cpu, "_is_vnni_supported", lambda: False)
     with pytest.raises(RuntimeError, match="no VNNI"):
         quantize_int8(model)

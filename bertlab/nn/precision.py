@@ -273,6 +273,11 @@ def quantize_int8(
     for alpha in strengths:
         if not 0 < alpha < 1:
             raise ValueError(f"smoothing_strength must be in (0, 1), got {alpha}")
+    if calibrate is None and smoothing_strength is not None and smoothing_strength is not SMOOTHING:
+        raise ValueError(
+            f"smoothing_strength={smoothing_strength} needs calibrate= batches: the smoothing is "
+            "measured on them"
+        )
     patterns = [re.compile(k) for k in keep]
     q = copy.deepcopy(model).float().eval()
     errors: dict[str, float] = {}
