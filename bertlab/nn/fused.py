@@ -162,17 +162,13 @@ def _one_input(layers: Group) -> bool:
     input is divided by it once, before it is rounded)."""
     from bertlab.nn.precision import Int8Linear
 
-    int8 = [isinstance(lin, Int8Linear) for lin in layers]
-    if any(int8) and not all(int8):
-        return False
-    if not all(int8):
-        return True
+    int8 = {isinstance(lin, Int8Linear) for lin in layers}
+    if int8 != {True}:
+        return int8 == {False}
     first = layers[0].unsmooth
-    return all(
-        (lin.unsmooth is None and first is None)
-        or (lin.unsmooth is not None and first is not None and torch.equal(lin.unsmooth, first))
-        for lin in layers
-    )
+    if first is None:
+        return all(lin.unsmooth is None for lin in layers)
+    return all(lin.unsmooth is not None and torch.equal(lin.unsmooth, first) for lin in layers)
 
 
 def _stack(layers: Group, pack: bool) -> tuple[Any, torch.Tensor | None]:

@@ -305,43 +305,6 @@ class Padded:
     def pad(self, x: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
         return x
 
-    def window_groups(
-        self, rows: int, dtype: torch.dtype, device, align: int = WINDOW_ALIGN
-    ) -> tuple[Window | WindowGroup, ...]:
-        """The ``windows``, those of one width gathered into a ``WindowGroup`` (a width only one
-        window has stays a Window, read in place). Computed once per batch."""
-        key = ("groups", rows, dtype, str(device), align)
-        if key not in self._windows:
-            by_width: dict[int, list[Window]] = {}
-            for w in self.windows(rows, dtype, device, align):
-                by_width.setdefault(w.width, []).append(w)
-            plan: list[Window | WindowGroup] = []
-            for width, ws in sorted(by_width.items()):
-                if len(ws) == 1:
-                    plan.append(ws[0])
-                    continue
-                read = torch.cat([torch.arange(w.first, w.first + width) for w in ws])
-                own = torch.cat(
-                    [
-                        torch.arange(i * width + w.own, i * width + w.own + w.n)
-                        for i, w in enumerate(ws)
-                    ]
-                )
-                to = torch.cat([torch.arange(w.start, w.start + w.n) for w in ws])
-                mask = None
-                if any(w.mask is not None for w in ws):
-                    mask = torch.zeros(len(ws), 1, 1, width, dtype=dtype, device=device)
-                    for i, w in enumerate(ws):
-                        if w.mask is not None:
-                            mask[i] = w.mask[0]
-                plan.append(
-                    WindowGroup(
-                        width, len(ws), read.to(device), mask, own.to(device), to.to(device)
-                    )
-                )
-            self._windows[key] = tuple(plan)
-        return self._windows[key]
-
     def unpad(self, x: torch.Tensor) -> torch.Tensor:
         return x
 

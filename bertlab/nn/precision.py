@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 import torch
@@ -156,10 +156,15 @@ def _set(model: nn.Module, name: str, module: nn.Module) -> None:
 SMOOTHING = (0.3, 0.4, 0.5, 0.6, 0.7)  # the strengths alpha tried for each group of layers
 
 
-def _run(model: nn.Module, batches: Iterable[dict[str, torch.Tensor]], hooks: dict) -> None:
-    """The float model on ``batches`` with a forward hook on each named linear layer."""
-    linears = _linears(model)
-    handles = [linears[name].register_forward_hook(h) for name, h in hooks.items()]
+def _run(
+    model: nn.Module, batches: Iterable[dict[str, torch.Tensor]], hook: Callable[..., None]
+) -> None:
+    """The float model on ``batches``, ``hook(name, x, out)`` called after each linear layer
+    with its input and output."""
+    handles = [
+        lin.register_forward_hook(lambda m, args, out, name=name: hook(name, args[0], out))
+        for name, lin in _linears(model).items()
+    ]
     try:
         with torch.inference_mode():
             for b in batches:
@@ -178,19 +183,19 @@ def input_maxima(
     groups: list[list[str]] = []
     last: list[Any] = [None]  # the input the newest group read (held, so its memory is not reused)
 
-    def hook(m: nn.Module, args: tuple, out: torch.Tensor, name: str) -> None:
-        x = args[0]
+    def hook(name: str, x: torch.Tensor, out: torch.Tensor) -> None:
         top = x.detach().reshape(-1, x.shape[-1]).abs().amax(0).float()
-        maxima[name] = top if name not in maxima else torch.maximum(maxima[name], top)
-        if any(name in g for g in groups):
+        if name in maxima:  # seen before: its group is known
+            maxima[name] = torch.maximum(maxima[name], top)
             return
+        maxima[name] = top
         if last[0] is x:
             groups[-1].append(name)
         else:
             groups.append([name])
             last[0] = x
 
-    _run(model, batches, {n: (lambda m, a, o, n=n: hook(m, a, o, n)) for n in _linears(model)})
+    _run(model, batches, hook)
     return maxima, groups
 
 
@@ -223,13 +228,13 @@ def layer_errors(
         for n, lin in _linears(model).items()
     }
 
-    def hook(m: nn.Module, args: tuple, out: torch.Tensor, name: str) -> None:
-        got = probes[name](args[0])
+    def hook(name: str, x: torch.Tensor, out: torch.Tensor) -> None:
+        got = probes[name](x)
         s = sums.setdefault(name, [0.0, 0.0])
         s[0] += float((got - out.float()).pow(2).sum())
         s[1] += float(out.float().pow(2).sum())
 
-    _run(model, batches, {n: (lambda m, a, o, n=n: hook(m, a, o, n)) for n in probes})
+    _run(model, batches, hook)
     return {n: (e / max(r, 1e-30)) ** 0.5 for n, (e, r) in sums.items()}
 
 
