@@ -56,6 +56,7 @@ def test_every_installed_system_runs_and_reports_its_agreement(monkeypatch):
         systems=(
             "bertlab-fp32",
             "bertlab-int8",
+            "bertlab-fp32-compiled",
             "transformers-fp32",
             "onnxruntime-fp32",
             "openvino-f32",
@@ -65,11 +66,19 @@ def test_every_installed_system_runs_and_reports_its_agreement(monkeypatch):
         threads=2,
         texts=TEXTS,
     )
-    assert report["unavailable"] == {
-        "openvino-f32": "openvino is not installed (pip install 'bertlab[runtimes]')"
-    }
+    from bertlab.nn.compiled import Compiled
+
+    missing = {"openvino-f32": "openvino is not installed (pip install 'bertlab[runtimes]')"}
+    compiles = Compiled.available() is None  # else the compiled system is reported, with why
+    if not compiles:
+        missing["bertlab-fp32-compiled"] = Compiled.available()
+    assert report["unavailable"] == missing
     rows = report["workloads"]["sorted"]["systems"]
-    assert set(rows) == {"bertlab-fp32", "bertlab-int8", "transformers-fp32", "onnxruntime-fp32"}
+    ran = {"bertlab-fp32", "bertlab-int8", "transformers-fp32", "onnxruntime-fp32"}
+    assert set(rows) == ran | ({"bertlab-fp32-compiled"} if compiles else set())
+    if compiles:  # one sentence at a time runs compiled, to float rounding of the eager model
+        one = report["workloads"]["batch-1"]["systems"]["bertlab-fp32-compiled"]
+        assert one["cosine_min"] > 0.99999
     assert rows["bertlab-fp32"]["cosine_min"] == pytest.approx(1.0, abs=1e-6)
     assert rows["transformers-fp32"]["cosine_min"] > 0.99999
     assert rows["onnxruntime-fp32"]["cosine_min"] > 0.9999

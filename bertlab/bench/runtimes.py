@@ -1,7 +1,9 @@
 """``bertlab bench runtimes``: bertlab against the runtimes a user would deploy instead, in one
 process, on the same weights, texts, batches and thread count.
 
-Systems: bertlab (float32, bfloat16, int8), transformers (float32, SDPA), ONNX Runtime (float32
+Systems: bertlab (float32, bfloat16, int8; each also as ``-compiled``: bertlab.nn.compiled, which
+runs unpadded batches, so every batch-1 text, as one compiled graph and padded batches as the
+model does), transformers (float32, SDPA), ONNX Runtime (float32
 with its BERT graph optimizer; int8 with dynamic per-channel weights) and OpenVINO (f32 and
 bf16 precision hints), the last two reading one ONNX file written by ``bertlab export onnx``.
 A peer that is not installed, or a precision the machine cannot run, is reported as such by
@@ -37,6 +39,9 @@ SYSTEMS = (
     "bertlab-fp32",
     "bertlab-bf16",
     "bertlab-int8",
+    "bertlab-fp32-compiled",
+    "bertlab-bf16-compiled",
+    "bertlab-int8-compiled",
     "transformers-fp32",
     "onnxruntime-fp32",
     "onnxruntime-int8",
@@ -105,7 +110,8 @@ def pool(hidden: np.ndarray | torch.Tensor, mask: np.ndarray) -> np.ndarray:
 Runner = Callable[[dict[str, np.ndarray]], np.ndarray]  # a batch -> (B, H) embeddings
 
 
-def bertlab_runner(model_dir: Path, precision: str) -> Runner:
+def bertlab_runner(model_dir: Path, precision: str, compiled: bool = False) -> Runner:
+    from bertlab.nn.compiled import Compiled
     from bertlab.nn.model import BertModel
     from bertlab.nn.precision import bf16_supported, quantize_int8
 
@@ -121,6 +127,11 @@ def bertlab_runner(model_dir: Path, precision: str) -> Runner:
         model = quantize_int8(
             model, calibrate=calibration_batches(BertTokenizer.from_pretrained(model_dir))
         )
+    if compiled:
+        why = Compiled.available()
+        if why is not None:
+            raise Unavailable(why)
+        return torch_runner(Compiled(model))
     return torch_runner(model)
 
 
@@ -138,7 +149,7 @@ def calibration_batches(tokenizer: Any) -> list[dict[str, torch.Tensor]]:
     ]
 
 
-def torch_runner(model: torch.nn.Module) -> Runner:
+def torch_runner(model: Callable[..., Any]) -> Runner:
     """A PyTorch model (bertlab's or transformers') as a Runner."""
 
     def run(b: dict[str, np.ndarray]) -> np.ndarray:
@@ -235,9 +246,9 @@ def openvino_runner(model_dir: Path, work: Path, precision: str, threads: int) -
 
 
 def make_runner(name: str, model_dir: Path, work: Path, threads: int) -> Runner:
-    family, precision = name.rsplit("-", 1)
+    family, precision, *compiled = name.split("-")
     if family == "bertlab":
-        return bertlab_runner(model_dir, precision)
+        return bertlab_runner(model_dir, precision, compiled=bool(compiled))
     if family == "transformers":
         return transformers_runner(model_dir)
     if family == "onnxruntime":

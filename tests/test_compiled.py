@@ -1,0 +1,180 @@
+"""Compiled inference (bertlab.nn.compiled): unpadded batches run as one compiled graph and give
+the eager model's results within the dtype's tolerance; everything else runs the model itself;
+bad input gets the eager model's errors; stale weights are refused, never used."""
+
+import pytest
+import torch
+
+from bertlab import (
+    BertConfig,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+    BertModel,
+)
+from bertlab.nn.compiled import PADDING_LIMIT, Compiled
+from bertlab.nn.precision import bf16_supported, quantize_int8
+
+pytestmark = pytest.mark.skipif(
+    Compiled.available() is not None,
+    reason=f"torch.compile cannot build CPU kernels here: {Compiled.available()}",
+)
+
+CFG = BertConfig(
+    vocab_size=99,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    max_position_embeddings=32,
+    num_labels=3,
+)
+
+
+def ids(batch: int, length: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(1, 99, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture(scope="module")
+def base():
+    torch.manual_seed(0)
+    model = BertModel(CFG.replace(attn_implementation="packed")).eval()
+    return model, Compiled(model)
+
+
+def test_unpadded_inputs_run_compiled_and_match_eager_at_every_length(base):
+    model, fast = base
+    with torch.no_grad():
+        for length in (5, 9, 17):  # one graph for every length (dynamic shapes)
+            x = ids(1, length, seed=length)
+            types = (torch.arange(length) >= length // 2).long()[None]
+            want = model(input_ids=x, token_type_ids=types).last_hidden_state
+            got = fast(input_ids=x, token_type_ids=types).last_hidden_state
+            assert got.shape == want.shape
+            assert (got - want).abs().max() < 1e-5
+        x = ids(3, 7)  # a batch without padding is compiled too
+        got = fast(x, torch.ones_like(x)).last_hidden_state  # (positional arguments)
+        assert (got - model(x).last_hidden_state).abs().max() < 1e-5
+    assert fast.calls["compiled"] == 4 and fast.calls["eager"] == 0
+
+
+def test_padded_batches_training_and_extra_outputs_run_the_model_itself(base):
+    model, fast = base
+    assert fast.precision == "float32" and PADDING_LIMIT["float32"] < 3 / 16
+    x = ids(2, 8)
+    mask = torch.ones_like(x)
+    mask[1, 5:] = 0  # 3 of 16 positions padding: more than float32's limit
+    before = dict(fast.calls)
+    with torch.no_grad():
+        assert torch.equal(fast(x, mask).last_hidden_state, model(x, mask).last_hidden_state)
+        out = fast(input_ids=x[:1], output_hidden_states=True)
+        assert len(out.hidden_states) == CFG.num_hidden_layers + 1
+    grad = fast(input_ids=x[:1]).last_hidden_state  # gradient recorded: the model itself
+    assert grad.requires_grad
+    assert fast.calls["eager"] == before["eager"] + 3
+    assert fast.calls["compiled"] == before["compiled"]
+
+
+def test_bad_input_gets_the_eager_models_errors(base):
+    model, fast = base
+    with torch.no_grad():
+        for bad in (torch.tensor([[5, 99, 7]]), torch.tensor([[5, -1, 7]])):
+            with pytest.raises(ValueError) as eager:
+                model(input_ids=bad)
+            with pytest.raises(ValueError) as compiled:
+                fast(input_ids=bad)
+            assert str(compiled.value) == str(eager.value)
+            assert "outside the vocabulary (size 99)" in str(compiled.value)
+        with pytest.raises(ValueError, match="longer than max_position_embeddings"):
+            fast(input_ids=ids(1, 33))
+        with pytest.raises(ValueError, match="token type id 2"):
+            fast(input_ids=ids(1, 4), token_type_ids=torch.tensor([[0, 1, 2, 0]]))
+
+
+@pytest.mark.parametrize(
+    "head", [BertForSequenceClassification, BertForTokenClassification, BertForQuestionAnswering]
+)
+def test_every_head_compiles_to_the_eager_results(head):
+    torch.manual_seed(1)
+    model = head(CFG).eval()
+    fast = Compiled(model)
+    x = ids(1, 11, seed=3)
+    with torch.no_grad():
+        want, got = model(input_ids=x), fast(input_ids=x)
+    names = ("start_logits", "end_logits") if head is BertForQuestionAnswering else ("logits",)
+    for name in names:
+        assert (getattr(got, name) - getattr(want, name)).abs().max() < 1e-5
+    assert fast.calls["compiled"] == 1
+
+
+def test_changed_weights_are_refused_not_used():
+    torch.manual_seed(2)
+    model = BertModel(CFG).eval()
+    fast = Compiled(model)
+    x = ids(1, 6)
+    with torch.no_grad():
+        fast(input_ids=x)
+        model.encoder.layer[0].output.dense.weight.mul_(2)
+        with pytest.raises(RuntimeError, match="weights changed after it was compiled"):
+            fast(input_ids=x)
+        again = Compiled(model)  # a new one reads the new weights
+        got = again(input_ids=x).last_hidden_state
+        assert (got - model(input_ids=x).last_hidden_state).abs().max() < 1e-5
+
+
+def test_int8_models_compile_within_int8_tolerance_of_their_eager_run():
+    torch.manual_seed(3)
+    model = BertModel(CFG).eval()
+    calibration = [{"input_ids": ids(4, 10, seed=s)} for s in range(3)]
+    int8 = quantize_int8(model, calibrate=calibration)
+    fast = Compiled(int8)
+    assert fast.precision == "int8"
+    x = ids(1, 12, seed=9)
+    with torch.no_grad():
+        want, got = int8(input_ids=x).last_hidden_state, fast(input_ids=x).last_hidden_state
+        # the compiled graph fuses the activation quantisation: a value on a rounding boundary
+        # may round the other way, one int8 step of that activation
+        assert torch.nn.functional.cosine_similarity(got[0], want[0]).min() > 0.999
+        # a batch with a little padding (2 of 12 positions, under int8's limit) runs compiled,
+        # and a text's result does not depend on the padding beside it
+        batch = torch.cat([x[:, :6], ids(1, 6, seed=10)])
+        mask = torch.ones_like(batch)
+        mask[0, 4:] = 0
+        assert 2 / 12 <= PADDING_LIMIT["int8"]
+        padded = fast(batch, mask).last_hidden_state
+        alone = fast(input_ids=x[:, :4]).last_hidden_state
+        eager = int8(batch, mask).last_hidden_state
+    assert fast.calls["compiled"] == 3 and fast.calls["eager"] == 0
+    real = mask.bool()
+    assert torch.nn.functional.cosine_similarity(padded[real], eager[real]).min() > 0.999
+    assert torch.nn.functional.cosine_similarity(padded[0, :4], alone[0]).min() > 0.999
+
+
+@pytest.mark.skipif(bf16_supported() is not None, reason=f"bfloat16: {bf16_supported()}")
+def test_bfloat16_models_compile_within_bfloat16_tolerance():
+    torch.manual_seed(4)
+    model = BertModel(CFG).eval().to(torch.bfloat16)
+    fast = Compiled(model)
+    x = ids(1, 12, seed=5)
+    with torch.no_grad():
+        want = model(input_ids=x).last_hidden_state.float()
+        got = fast(input_ids=x).last_hidden_state.float()
+    assert torch.nn.functional.cosine_similarity(got[0], want[0]).min() > 0.999
+
+
+def test_compiled_takes_only_a_bertlab_model():
+    with pytest.raises(TypeError, match="takes a bertlab model, got Linear"):
+        Compiled(torch.nn.Linear(2, 2))
+
+
+def test_pipelines_take_compile_and_answer_as_without_it():
+    from bertlab import pipeline
+
+    plain = pipeline("embed")
+    fast = pipeline("embed", compile=True)
+    text = "The European Commission said on Thursday it disagreed with German advice."
+    want, got = plain(text), fast(text)
+    assert max(abs(a - b) for a, b in zip(want, got, strict=True)) < 1e-5
+    assert fast.forward.calls["compiled"] == 1
+    with pytest.raises(TypeError, match="compile must be True or False, got 'yes'"):
+        pipeline("embed", compile="yes")
