@@ -67,3 +67,26 @@ def test_the_explore_example_runs_as_written(monkeypatch, tmp_path):
     for name in ("tokens", "embeddings", "attention", "worked", "layers", "parameters"):
         assert f"(docs/explore/{name}.png)" in section
         assert (ROOT / "docs" / "explore" / f"{name}.png").stat().st_size > 10_000
+
+
+def test_the_compiled_example_runs_as_written(monkeypatch):
+    """The Compiled block of "Export and compile" runs as written and gives what its comments
+    say (it compiles the bundled model: needs a C++ compiler)."""
+    import pytest
+
+    from bertlab.nn.compiled import Compiled
+
+    why = Compiled.available()
+    if why is not None:
+        pytest.skip(f"torch.compile cannot build CPU kernels here: {why}")
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Export and compile", 1)[1].split("\n## ", 1)[0]
+    blocks = [b.split("```", 1)[0] for b in section.split("```python\n")[1:]]
+    (block,) = [b for b in blocks if "Compiled(" in b]
+    monkeypatch.chdir(ROOT)
+    scope: dict = {}
+    exec(compile(block, "README.md", "exec"), scope)
+    assert tuple(scope["out"].last_hidden_state.shape) == (1, 5, 384)
+    assert scope["fast"].calls == {"compiled": 1, "eager": 0}
+    assert tuple(scope["embed"]("a gorgeous film").shape) == (384,)
+    assert scope["embed"].forward.calls["compiled"] == 2
