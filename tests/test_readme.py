@@ -88,5 +88,8 @@ def test_the_compiled_example_runs_as_written(monkeypatch):
     exec(compile(block, "README.md", "exec"), scope)
     assert tuple(scope["out"].last_hidden_state.shape) == (1, 5, 384)
     assert scope["fast"].calls == {"compiled": 1, "eager": 0}
-    assert tuple(scope["embed"]("a gorgeous film").shape) == (384,)
+    got = scope["embed"]("a gorgeous film")
+    assert tuple(got.shape) == (384,)
     assert scope["embed"].forward.calls["compiled"] == 2
+    want = scope["pipeline"]("embed")("a gorgeous film")  # the same pipeline, not compiled
+    assert (got - want).abs().max() < 1e-5
