@@ -115,6 +115,8 @@ def bertlab_runner(model_dir: Path, precision: str, compiled: bool = False) -> R
     from bertlab.nn.model import BertModel
     from bertlab.nn.precision import bf16_supported, quantize_int8
 
+    if compiled and (why := Compiled.available()) is not None:
+        raise Unavailable(why)
     model = BertModel.from_pretrained(model_dir, dtype=torch.float32, add_pooling_layer=False)
     if precision == "bf16":
         why = bf16_supported()
@@ -128,9 +130,6 @@ def bertlab_runner(model_dir: Path, precision: str, compiled: bool = False) -> R
             model, calibrate=calibration_batches(BertTokenizer.from_pretrained(model_dir))
         )
     if compiled:
-        why = Compiled.available()
-        if why is not None:
-            raise Unavailable(why)
         return torch_runner(Compiled(model))
     return torch_runner(model)
 

@@ -41,6 +41,8 @@ an in-place write such as load_state_dict or an optimizer step), the next call i
 an error saying to build a new ``Compiled``, never answered from the old weights; each
 ``Compiled`` keeps graphs of its own (``isolate_recompiles``), so a new one reads the new weights.
 Results equal the eager model's within the dtype's tolerance (tests/test_compiled.py).
+The graph's own kernels are generated for the thread count set when it compiles
+(``torch.set_num_threads`` before the first call).
 
 Compiling needs a C++ compiler (``torch.compile``'s CPU backend); ``Compiled.available()`` says
 why not where there is none. The pipelines take ``compile=True`` (pipelines/base.py).
@@ -91,8 +93,9 @@ def _setting(name: str, value: Any = _READ) -> Any:
 
 
 class Compiled:
-    """``model``'s forward compiled for inference on unpadded inputs; the model itself for the
-    rest. Call it as the model is called; ``.model`` is the model."""
+    """``model``'s forward compiled for inference on inputs with little padding; the model itself
+    for the rest. Call it as the model is called; ``.model`` is the model, ``.calls`` counts the
+    calls each path answered."""
 
     def __init__(self, model: nn.Module, dynamic: bool = True):
         if not isinstance(model, nn.Module) or not hasattr(model, "config"):
@@ -145,16 +148,17 @@ class Compiled:
                 _setting(k, v)
 
     def _compilable(self, arguments: dict[str, Any]) -> bool:
-        """True when the compiled graph computes exactly what the model would (see the table
-        in the module's text). A model moved off the CPU after the graph was built is caught by
-        _check_weights."""
+        """True when the compiled graph gives the model's results (within the dtype's tolerance)
+        faster than the model (the table in the module's text). A model moved off the CPU after
+        the graph was built is caught by _check_weights."""
         if torch.is_grad_enabled() or self.model.training:
             return False
         ids, mask = arguments.get("input_ids"), arguments.get("attention_mask")
         if not isinstance(ids, torch.Tensor) or ids.device.type != "cpu":
             return False
-        if any(k not in INPUTS and v not in (None, {}) for k, v in arguments.items()):
-            return False  # labels, output options, other keywords: the model's own forward
+        for k, v in arguments.items():
+            if k not in INPUTS and v is not None and not (isinstance(v, dict) and not v):
+                return False  # labels, output options, other keywords: the model's own forward
         if mask is None:
             return True
         if not isinstance(mask, torch.Tensor):
