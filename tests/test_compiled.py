@@ -162,6 +162,25 @@ def test_bfloat16_models_compile_within_bfloat16_tolerance():
     assert torch.nn.functional.cosine_similarity(got[0], want[0]).min() > 0.999
 
 
+def test_what_compiling_needs_is_named_when_missing(monkeypatch, tmp_path):
+    import sysconfig
+
+    from bertlab.nn import compiled
+
+    real = sysconfig.get_paths
+
+    def no_headers(*args, **kwargs):
+        return {**real(*args, **kwargs), "include": str(tmp_path)}
+
+    monkeypatch.setattr(sysconfig, "get_paths", no_headers)
+    why = Compiled.available()
+    assert why is not None and str(tmp_path / "Python.h") in why and "python3-dev" in why
+    with pytest.raises(RuntimeError, match="needs Python's C headers"):
+        Compiled(BertModel(CFG).eval())
+    monkeypatch.setattr(compiled.shutil, "which", lambda name: None)
+    assert "C++ compiler" in Compiled.available() and "is not installed" in Compiled.available()
+
+
 def test_compiled_takes_only_a_bertlab_model():
     with pytest.raises(TypeError, match="takes a bertlab model, got Linear"):
         Compiled(torch.nn.Linear(2, 2))

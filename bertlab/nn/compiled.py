@@ -44,14 +44,17 @@ Results equal the eager model's within the dtype's tolerance (tests/test_compile
 The graph's own kernels are generated for the thread count set when it compiles
 (``torch.set_num_threads`` before the first call).
 
-Compiling needs a C++ compiler (``torch.compile``'s CPU backend); ``Compiled.available()`` says
-why not where there is none. The pipelines take ``compile=True`` (pipelines/base.py).
+Compiling needs a C++ compiler (``torch.compile``'s CPU backend) and Python's C headers;
+``Compiled.available()`` says which is missing where one is, and ``Compiled(model)`` refuses
+with that reason before any work. The pipelines take ``compile=True`` (pipelines/base.py).
 """
 
 from __future__ import annotations
 
 import inspect
 import shutil
+import sysconfig
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -123,6 +126,12 @@ class Compiled:
             return f"torch.compile finds no C++ compiler here ({e})"
         if shutil.which(compiler) is None:
             return f"torch.compile's C++ compiler {compiler!r} is not installed"
+        headers = Path(sysconfig.get_paths()["include"])
+        if not (headers / "Python.h").is_file():  # the C++ wrapper is a Python extension
+            return (
+                f"torch.compile needs Python's C headers, and {headers / 'Python.h'} is missing "
+                "(on Debian: apt-get install python3-dev)"
+            )
         return None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
