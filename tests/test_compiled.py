@@ -1,6 +1,6 @@
-"""Compiled inference (bertlab.nn.compiled): unpadded batches run as one compiled graph and give
-the eager model's results within the dtype's tolerance; everything else runs the model itself;
-bad input gets the eager model's errors; stale weights are refused, never used."""
+"""Compiled inference (bertlab.nn.compiled): batches with little padding run as one compiled graph
+and give the eager model's results within the dtype's tolerance; everything else runs the model
+itself; bad input gets the eager model's errors; stale weights are refused, never used."""
 
 import pytest
 import torch

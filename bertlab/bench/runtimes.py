@@ -1,10 +1,10 @@
 """``bertlab bench runtimes``: bertlab against the runtimes a user would deploy instead, in one
 process, on the same weights, texts, batches and thread count.
 
-Systems: bertlab (float32, bfloat16, int8; each also as ``-compiled``: bertlab.nn.compiled, which
-runs unpadded batches, so every batch-1 text, as one compiled graph and padded batches as the
-model does), transformers (float32, SDPA), ONNX Runtime (float32
-with its BERT graph optimizer; int8 with dynamic per-channel weights) and OpenVINO (f32 and
+Systems: bertlab (float32, bfloat16, int8; each also as ``-compiled``: behind
+bertlab.nn.compiled.Compiled, which runs every batch-1 text and the batches with little padding
+as one compiled graph, the rest as the model does), transformers (float32, SDPA), ONNX Runtime
+(float32 with its BERT graph optimizer; int8 with dynamic per-channel weights) and OpenVINO (f32 and
 bf16 precision hints), the last two reading one ONNX file written by ``bertlab export onnx``.
 A peer that is not installed, or a precision the machine cannot run, is reported as such by
 name; nothing falls back silently.

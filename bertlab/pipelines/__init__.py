@@ -72,8 +72,9 @@ def pipeline(
     token-classification alias ner, question-answering, zero-shot-classification), which answer
     in transformers' shapes. ``model``: a folder, "default" (the bundled model; also None) or a
     bertlab model object (then ``tokenizer=``: a BertTokenizer or a folder). ``device``: -1 or
-    "cpu", a GPU index or "cuda:0", a torch.device. ``compile=True``: single texts (and other
-    unpadded batches) run as one compiled graph (bertlab.nn.compiled), the first call compiling.
+    "cpu", a GPU index or "cuda:0", a torch.device. ``compile=True``: single texts (and batches
+    with little padding) run as one compiled graph (bertlab.nn.compiled), the first call
+    compiling.
     ``options``: defaults for every call (e.g. ``aggregation_strategy="simple"``)."""
     cls = PIPELINES.get(task) or TASKS.get(ALIASES.get(task, task))
     if cls is None:
