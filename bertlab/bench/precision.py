@@ -22,12 +22,11 @@ from typing import Any
 import torch
 
 from bertlab.data.batch import pad
-from bertlab.nn.precision import bf16_supported, int8_supported, quantize_int8
+from bertlab.nn.precision import CALIBRATION, bf16_supported, int8_supported, quantize_int8
 from bertlab.tokenizer import BertTokenizer
 from bertlab.train.finetune import TASKS, FinetuneConfig
 
 PRECISIONS = ("float32", "bfloat16", "int8")
-CALIBRATION = 128  # training features, in batches of 32
 
 
 def _check_labels(model: torch.nn.Module, task: Any) -> None:

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from bertlab.bench.speed import SAMPLES, alternate, machine
+from bertlab.data import sample_sentences
 
 WORKLOADS = ("file-order", "sorted", "batch-1")
 SYSTEMS = (
@@ -134,18 +135,12 @@ def bertlab_runner(model_dir: Path, precision: str, compiled: bool = False) -> R
     return torch_runner(model)
 
 
-CALIBRATION = 128  # sentences
-
-
 def calibration_batches(tokenizer: Any) -> list[dict[str, torch.Tensor]]:
     """int8's calibration inputs: the first CALIBRATION sentences of the bundled SST-2 dev
     sample (film reviews), never the benchmark's own texts, in batches of 32."""
-    lines = (SAMPLES / "sst2_dev.tsv").read_text(encoding="utf-8").splitlines()[1:]
-    texts = [line.split("\t")[0] for line in lines][:CALIBRATION]
-    return [
-        dict(tokenizer(texts[i : i + 32], padding=True, return_tensors="pt"))
-        for i in range(0, len(texts), 32)
-    ]
+    from bertlab.nn.precision import CALIBRATION, text_batches
+
+    return text_batches(tokenizer, sample_sentences(CALIBRATION))
 
 
 def torch_runner(model: Callable[..., Any]) -> Runner:

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from bertlab.data import SAMPLES
+
 
 def machine() -> dict[str, Any]:
     """What the figures were measured on."""
@@ -59,7 +61,6 @@ def alternate(runs: dict[str, Callable[[], Any]], repeats: int, warmup: int = 1)
 
 
 # ============================================================================ tokenizer
-SAMPLES = Path(__file__).resolve().parents[1] / "data" / "samples"
 # A --data folder's layout: the files the tokenizer benchmark reads from it.
 DATA_FILES = ("sst2/train.tsv", "squad/train-subset-v1.1.json", "wikitext-2/wiki.valid.tokens")
 

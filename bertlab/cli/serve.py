@@ -47,6 +47,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         payload_limit=args.payload_limit,
         api_key=args.api_key,
         dtype=args.dtype,
+        calibration=args.calibration,
+        compile=args.compile,
         tokenizer_workers=args.tokenizer_workers,
     )
     if args.threads:
@@ -78,7 +80,23 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-client-batch-size", type=int, default=32, help="texts per request")
     p.add_argument("--payload-limit", type=int, default=2_000_000, help="bytes per request body")
     p.add_argument("--api-key", help="require Authorization: Bearer KEY (401 without, 403 wrong)")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16", "int8"],
+        default="float32",
+        help="the model's precision; int8: linear layers in int8, calibrated at start-up",
+    )
+    p.add_argument(
+        "--calibration",
+        metavar="FILE",
+        help="int8: calibration texts, one per line (first 128 read; default: a bundled sample)",
+    )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="run batches through a compiled graph, in groups of similar length (float32, "
+        "int8; needs a C++ compiler; compiles at start-up)",
+    )
     p.add_argument("--threads", type=int, help="torch threads (default: PyTorch's)")
     p.add_argument("--tokenizer-workers", type=int, default=2, help="tokenizing threads")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info"])

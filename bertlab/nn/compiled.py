@@ -80,6 +80,30 @@ def _precision(model: nn.Module) -> str:
     return str(next(model.parameters()).dtype).removeprefix("torch.")
 
 
+def length_groups(lengths: list[int], limit: float, max_rows: int | None = None) -> list[list[int]]:
+    """The indices of ``lengths`` sorted by length and cut into groups, each padded to its
+    longest with at most ``limit`` of its positions padding and at most ``max_rows`` rows: the
+    batches a compiled graph takes from a mix of lengths. Greedy, shortest first."""
+    if not 0 <= limit < 1:
+        raise ValueError(f"limit must be a share of positions in [0, 1), got {limit}")
+    groups: list[list[int]] = []
+    group: list[int] = []
+    real = 0
+    for i in sorted(range(len(lengths)), key=lengths.__getitem__):
+        n = lengths[i]
+        if n < 1:
+            raise ValueError(f"lengths[{i}] is {n}; a sequence has at least one token")
+        full = max_rows is not None and len(group) >= max_rows
+        if group and (full or 1 - (real + n) / (n * (len(group) + 1)) > limit):
+            groups.append(group)
+            group, real = [], 0
+        group.append(i)
+        real += n
+    if group:
+        groups.append(group)
+    return groups
+
+
 _READ = object()
 
 
@@ -114,6 +138,11 @@ class Compiled:
         self._tensors: list[torch.Tensor] | None = None  # the weights the graph was built on
         self._stamp: list | None = None
         self.calls = {"compiled": 0, "eager": 0}  # how many calls each path answered
+
+    def groups(self, lengths: list[int], max_rows: int | None = None) -> list[list[int]]:
+        """``length_groups`` at this model's padding limit: sequences of these lengths cut into
+        batches the compiled graph takes."""
+        return length_groups(lengths, self._limit, max_rows)
 
     @staticmethod
     def available() -> str | None:

@@ -153,6 +153,28 @@ def _set(model: nn.Module, name: str, module: nn.Module) -> None:
     setattr(model.get_submodule(parent) if parent else model, leaf, module)
 
 
+CALIBRATION = 128  # texts: how many a calibration pass reads by default
+
+
+def text_batches(
+    tokenizer: Any, texts: list[str], batch_size: int = 32, max_length: int = 512
+) -> list[dict[str, torch.Tensor]]:
+    """Texts as calibration batches for ``quantize_int8(calibrate=...)``: padded, truncated to
+    ``max_length`` tokens, ``batch_size`` texts each."""
+    return [
+        dict(
+            tokenizer(
+                texts[i : i + batch_size],
+                padding=True,
+                truncation=True,
+                max_length=max_length,
+                return_tensors="pt",
+            )
+        )
+        for i in range(0, len(texts), batch_size)
+    ]
+
+
 SMOOTHING = (0.3, 0.4, 0.5, 0.6, 0.7)  # the strengths alpha tried for each group of layers
 
 

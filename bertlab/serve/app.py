@@ -27,15 +27,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from bertlab.nn.compiled import Compiled
 from bertlab.serve import fields as F
 from bertlab.serve.engine import (
+    COMPILED_DTYPES,
+    DTYPES,
     Batcher,
     Job,
     Limits,
@@ -43,6 +45,7 @@ from bertlab.serve.engine import (
     RequestError,
     Row,
     ServedModel,
+    calibration_texts,
 )
 from bertlab.serve.metrics import Metrics
 from bertlab.serve.routes import EVERY_MODEL, ROUTES
@@ -63,7 +66,9 @@ class ServeConfig:
     max_client_batch_size: int = 32
     payload_limit: int = 2_000_000  # bytes
     api_key: str | None = None
-    dtype: str = "float32"
+    dtype: str = "float32"  # float32, bfloat16 or int8
+    calibration: str | Path | None = None  # int8: a file of calibration texts, one per line
+    compile: bool = False  # run batches through a compiled graph (float32, int8)
     tokenizer_workers: int = 2
     names: list[str] = field(init=False, default_factory=list)
 
@@ -83,8 +88,17 @@ class ServeConfig:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
         if not 0 <= self.max_wait_ms <= 1000:
             raise ValueError(f"max_wait_ms must be in [0, 1000], got {self.max_wait_ms}")
-        if self.dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.calibration is not None and self.dtype != "int8":
+            raise ValueError(f"a calibration file is read for int8 only; dtype is {self.dtype}")
+        if not isinstance(self.compile, bool):
+            raise TypeError(f"compile must be True or False, got {self.compile!r}")
+        if self.compile and self.dtype not in COMPILED_DTYPES:
+            raise ValueError(
+                f"compile serves {' and '.join(COMPILED_DTYPES)}; in {self.dtype} the packed batch "
+                "is the faster path"
+            )
         if self.api_key is not None and not self.api_key:
             raise ValueError("api_key is empty: give a key, or none for an open server")
         self.names = [n for n, _ in self.models]
@@ -158,14 +172,18 @@ class Server:
 
     def __init__(self, config: ServeConfig):
         self.config = config
-        dtype = getattr(torch, config.dtype)
+        calibration = calibration_texts(config.calibration) if config.dtype == "int8" else None
+        if config.compile and (why := Compiled.available()) is not None:
+            raise RuntimeError(f"--compile: {why}")
         self.batchers: dict[str, Batcher] = {}
         self.metrics = Metrics(lambda: {n: b.waiting() for n, b in self.batchers.items()})
         limits = Limits(
             config.max_batch_tokens, config.max_batch_sequences, config.max_wait_ms / 1e3
         )
         for name, folder in config.models:  # each loaded in its batcher's runner thread
-            load = functools.partial(ServedModel, name, folder, dtype)
+            load = functools.partial(
+                ServedModel, name, folder, config.dtype, calibration, config.compile
+            )
             self.batchers[name] = Batcher(load, limits, functools.partial(self.metrics.batch, name))
         self.models = {name: b.model for name, b in self.batchers.items()}
         self.pool = ThreadPoolExecutor(config.tokenizer_workers, thread_name_prefix="tokenize")

@@ -36,8 +36,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from bertlab.data import sample_sentences
+from bertlab.nn.compiled import Compiled
 from bertlab.nn.config import BertConfig
 from bertlab.nn.heads import HEADS, head_of
+from bertlab.nn.precision import CALIBRATION, quantize_int8, text_batches
 from bertlab.pipelines.predict import (
     AnswerPipeline,
     ClassifyPipeline,
@@ -57,7 +60,42 @@ ROUTES_BY_HEAD: dict[str, tuple[str, ...]] = {
     "token-classification": ("ner",),
     "question-answering": ("qa",),
 }
+HEADED = ("sequence-classification", "token-classification", "question-answering")  # model(...)
 WINDOW_OVERLAP = 128  # tokens two neighbouring tagging windows share (at most half a window)
+DTYPES = ("float32", "bfloat16", "int8")
+# Compiled serving (``ServedModel(compile=True)``). A batch with little padding runs through the
+# compiled graph in float32 and int8. A batch of mixed lengths is cut into groups of similar
+# length (at most COMPILED_ROWS rows each) in int8 only, where they hold GROUP_ROWS rows on
+# average: one request of 256 SST-2 sentences took 150 ms as 9 compiled groups against 339 ms
+# packed, while in float32 the groups were slower (320 ms against 297 ms packed), as were
+# groups of 2-3 rows in either (2-core Sapphire Rapids Xeon, 2 threads). In bfloat16 the packed
+# batch was faster than compiled groups (104 ms against 126 ms).
+COMPILED_DTYPES = ("float32", "int8")
+GROUPED_DTYPES = ("int8",)
+COMPILED_ROWS = 32
+GROUP_ROWS = 8
+
+
+def calibration_texts(path: str | Path | None) -> tuple[list[str], str]:
+    """int8's calibration texts and where they came from: the first CALIBRATION non-empty lines
+    of ``path`` (one text per line), or the bundled SST-2 sample's sentences."""
+    if path is None:
+        return sample_sentences(CALIBRATION), f"{CALIBRATION} bundled SST-2 sentences"
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as e:
+        raise ValueError(f"calibration file {str(path)!r}: {e.strerror or e}") from e
+    try:
+        lines = raw.decode("utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise ValueError(f"calibration file {str(path)!r} is not UTF-8 text: {e}") from e
+    texts = [t for line in lines if (t := line.strip())][:CALIBRATION]
+    if len(texts) < 8:
+        raise ValueError(
+            f"calibration file {str(path)!r} has {len(texts)} non-empty lines; int8 calibration "
+            f"needs at least 8 texts, one per line (it reads up to {CALIBRATION})"
+        )
+    return texts, f"{len(texts)} texts of {path}"
 
 
 class RequestError(Exception):
@@ -139,7 +177,27 @@ class ServedModel:
     """A model folder loaded for serving: its head (from config.json's ``architectures``), the
     routes that head serves, its tokenizer, and the pipelines whose methods finish results."""
 
-    def __init__(self, name: str, folder: str | Path, dtype: torch.dtype = torch.float32):
+    def __init__(
+        self,
+        name: str,
+        folder: str | Path,
+        dtype: str = "float32",
+        calibration: tuple[list[str], str] | None = None,
+        compile: bool = False,
+    ):
+        """``dtype``: float32, bfloat16 or int8 (``quantize_int8`` calibrated on
+        ``calibration``, texts and where they came from; default: ``calibration_texts(None)``).
+        ``compile``: run batches through a ``Compiled`` graph, as groups of similar length
+        (``prepare``); compiled once here, before the first request."""
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+        if compile and dtype not in COMPILED_DTYPES:
+            raise ValueError(
+                f"compile serves {' and '.join(COMPILED_DTYPES)}; in {dtype} the packed batch is "
+                "the faster path (benchmarks/README.md)"
+            )
+        if compile and (why := Compiled.available()) is not None:
+            raise RuntimeError(why)
         self.name, self.folder = name, Path(folder)
         config = BertConfig.from_pretrained(self.folder)
         self.head = head_of(getattr(config, "architectures", None))
@@ -148,21 +206,54 @@ class ServedModel:
                 f"model {name!r} ({self.folder}) has a {self.head} head, which bertlab serve does "
                 f"not serve; it serves {', '.join(ROUTES_BY_HEAD)}"
             )
-        self.model = HEADS[self.head].from_pretrained(self.folder, dtype=dtype).eval()
+        self.dtype = dtype
+        self.torch_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
+        self.model = HEADS[self.head].from_pretrained(self.folder, dtype=self.torch_dtype).eval()
         self.config = self.model.config
         self.tokenizer = BertTokenizer.from_pretrained(self.folder)
+        self.max_length = int(self.config.max_position_embeddings)
+        self.int8: dict[str, Any] | None = None
+        if dtype == "int8":
+            texts, source = calibration or calibration_texts(None)
+            batches = text_batches(self.tokenizer, texts, max_length=self.max_length)
+            self.model = quantize_int8(self.model, calibrate=batches)
+            report = self.model.int8_report
+            self.int8 = {
+                "calibration": source,
+                "int8_layers": len(report["int8"]),
+                "kept_float32": report["kept_float32"],
+                "always_float32": report["always_float32"],
+            }
         self.routes = ROUTES_BY_HEAD[self.head]
         if self.head == "sequence-classification" and self.config.num_labels != 1:
             self.routes = ("predict",)  # reranking needs one relevance score per pair
-        self.max_length = int(self.config.max_position_embeddings)
         body = self.max_length - 2  # a window's pieces between [CLS] and [SEP]
         self.window_step = body - min(WINDOW_OVERLAP, body // 2)  # tagging windows' stride
-        self.dtype = dtype
         kw = {"tokenizer": self.tokenizer}
         self.classify = ClassifyPipeline(self.model, **kw) if "predict" in self.routes else None
         self.tag = TagPipeline(self.model, **kw) if "ner" in self.routes else None
         self.answer = AnswerPipeline(self.model, **kw) if "qa" in self.routes else None
         self.fill = FillMaskPipeline(self.model, **kw) if "fill-mask" in self.routes else None
+        self.compiled: Compiled | None = None
+        self.run = self.model if self.head in HEADED else self.encoder  # what forward calls
+        if compile:
+            self.compiled = Compiled(self.run)
+            self.run = self.compiled
+            self._warm_up()
+
+    def _warm_up(self) -> None:
+        """Compile before the first request: a batch of several rows and a single row (a
+        dynamic graph specialises a batch of one)."""
+        start = time.perf_counter()
+        cls, sep = self.tokenizer.cls_token_id, self.tokenizer.sep_token_id
+        for rows, length in ((3, 12), (1, 9)):
+            ids = [cls] + [self.tokenizer.unk_token_id] * (length - 2) + [sep]
+            want = "logits" if self.head in HEADED else "mean"
+            want = {"token-classification": "tokens", "question-answering": "span"}.get(
+                self.head, want
+            )
+            self.forward([Row(ids, [0] * length, want)] * rows)
+        self.compile_seconds = round(time.perf_counter() - start, 1)
 
     @property
     def encoder(self) -> torch.nn.Module:
@@ -179,7 +270,9 @@ class ServedModel:
             "max_input_length": self.max_length,
             "hidden_size": self.config.hidden_size,
             "vocab_size": self.config.vocab_size,
-            "dtype": str(self.dtype).removeprefix("torch."),
+            "dtype": self.dtype,
+            "int8": self.int8,
+            "compiled": self.compiled is not None,
         }
 
     # ------------------------------------------------------------------ tokenizing
@@ -260,21 +353,43 @@ class ServedModel:
         return out
 
     # ------------------------------------------------------------------ running
+    def prepare(self, rows: list[Row]) -> list[tuple[list[int], dict[str, np.ndarray]]]:
+        """The rows as the padded batches the model runs, each with the indices of its rows:
+        one batch, which the model runs packed; or, compiled, groups of similar length with
+        little padding (``Compiled.groups``) where the rows make one group, or, in int8, groups
+        of GROUP_ROWS rows or more on average (the figures beside COMPILED_DTYPES)."""
+        pad = self.tokenizer.pad_token_id
+        if self.compiled is not None:
+            groups = self.compiled.groups([len(r) for r in rows], COMPILED_ROWS)
+            grouped = self.dtype in GROUPED_DTYPES and len(rows) >= GROUP_ROWS * len(groups)
+            if len(groups) == 1 or grouped:
+                return [(g, pad_rows([rows[i] for i in g], pad)) for g in groups]
+        return [(list(range(len(rows))), pad_rows(rows, pad, self.max_length))]
+
     @torch.inference_mode()
-    def forward(self, rows: list[Row], arrays: dict[str, np.ndarray] | None = None) -> list[Any]:
-        """One batch: the rows padded (``arrays``, from ``pad_rows``, when the batcher made them
-        already), run (packed inside the model), and each row's output: mean/cls -> (H,)
-        float32; logits -> (C,); tokens -> (n, C) probabilities; span -> two (n,) tensors;
-        masks -> (M, V) logits at its [MASK] positions."""
-        if arrays is None:
-            arrays = pad_rows(rows, self.tokenizer.pad_token_id, self.max_length)
+    def forward(
+        self, rows: list[Row], parts: list[tuple[list[int], dict[str, np.ndarray]]] | None = None
+    ) -> list[Any]:
+        """One batch: each row's output, in order, from the padded batches ``parts`` (made by
+        ``prepare``, which runs when they are not given)."""
+        results: list[Any] = [None] * len(rows)
+        for index, arrays in self.prepare(rows) if parts is None else parts:
+            outputs = self._outputs([rows[i] for i in index], arrays)
+            for i, out in zip(index, outputs, strict=True):
+                results[i] = out
+        return results
+
+    def _outputs(self, rows: list[Row], arrays: dict[str, np.ndarray]) -> list[Any]:
+        """One padded batch run (packed inside the model, unless compiled) and each row's
+        output: mean/cls -> (H,) float32; logits -> (C,); tokens -> (n, C) probabilities;
+        span -> two (n,) tensors; masks -> (M, V) logits at its [MASK] positions."""
         batch = {k: torch.from_numpy(v) for k, v in arrays.items()}
         mask = batch["attention_mask"]
-        if self.head in ("sequence-classification", "token-classification", "question-answering"):
-            out = self.model(**batch)
+        if self.head in HEADED:
+            out = self.run(**batch)
             hidden = None
         else:
-            hidden = self.encoder(**batch).last_hidden_state.float()  # (B, T, H)
+            hidden = self.run(**batch).last_hidden_state.float()  # (B, T, H)
         means = None
         if any(row.want == "mean" for row in rows):  # the whole batch at once, as the pipeline
             means = mean_pool(hidden, mask)  # (B, H)
@@ -294,7 +409,7 @@ class ServedModel:
             elif row.want == "masks":  # the masked-LM head on the [MASK] rows alone
                 mask_id = self.tokenizer.mask_token_id
                 where = [p for p, t in enumerate(row.input_ids) if t == mask_id]
-                h = hidden[r, where].to(self.dtype)  # (M, H)
+                h = hidden[r, where].to(self.torch_dtype)  # (M, H)
                 results.append(self.model.cls.predictions(h).float())
             else:
                 raise ValueError(f"unknown row output {row.want!r}")
@@ -352,7 +467,7 @@ class Batch:
     rows: list[Row]
     owners: list[tuple[Job, int]]  # per row: its job and its index there
     tokens: int = 0
-    arrays: dict[str, np.ndarray] | None = None  # the rows padded, made while the last one ran
+    parts: list | None = None  # the rows padded (ServedModel.prepare), made while the last ran
 
 
 class Batcher:
@@ -453,10 +568,7 @@ class Batcher:
             try:
                 batch = self._take()
                 if batch is not None and batch.rows:
-                    model = self.model
-                    batch.arrays = pad_rows(
-                        batch.rows, model.tokenizer.pad_token_id, model.max_length
-                    )
+                    batch.parts = self.model.prepare(batch.rows)
             except Exception as e:  # a fault here would stall every queued job: fail them
                 with self._cv:
                     jobs, self._jobs = list(self._jobs), collections.deque()
@@ -500,7 +612,7 @@ class Batcher:
             try:
                 whole = len(live) == len(batch.rows)  # else the padding is made again
                 outputs = self.model.forward(
-                    [row for row, _ in live], batch.arrays if whole else None
+                    [row for row, _ in live], batch.parts if whole else None
                 )
             except Exception as e:  # the model failed: this batch's jobs fail, the server goes on
                 error = ModelFailed(f"the model failed on a batch of {len(live)} sequences: {e!r}")
