@@ -192,3 +192,24 @@ def test_pipelines_refuse_a_compile_that_is_not_a_bool():
 
     with pytest.raises(TypeError, match="compile must be True or False, got 'yes'"):
         pipeline("embed", compile="yes")
+
+
+def test_length_groups_cut_sorted_lengths_under_the_padding_limit_and_row_cap():
+    from bertlab.nn.compiled import length_groups
+
+    lengths = [12, 3, 40, 11, 10, 39, 3, 25, 12, 4]
+    for limit, cap in ((0.0, None), (0.1, None), (0.3, 3), (0.9, None)):
+        groups = length_groups(lengths, limit, cap)
+        assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+        flat = [lengths[i] for g in groups for i in g]
+        assert flat == sorted(lengths)  # shortest first, each group a run of the sorted order
+        for g in groups:
+            longest = max(lengths[i] for i in g)
+            assert 1 - sum(lengths[i] for i in g) / (longest * len(g)) <= limit + 1e-9
+            assert cap is None or len(g) <= cap
+    assert [len(g) for g in length_groups(lengths, 0.0)] == [2, 1, 1, 1, 2, 1, 1, 1]
+    assert len(length_groups(lengths, 0.9)) == 1
+    with pytest.raises(ValueError, match="limit must be a share of positions in \\[0, 1\\), got 1"):
+        length_groups(lengths, 1)
+    with pytest.raises(ValueError, match="lengths\\[1\\] is 0; a sequence has at least one token"):
+        length_groups([4, 0], 0.1)

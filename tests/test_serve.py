@@ -713,3 +713,26 @@ def test_every_served_batch_has_padding_so_its_row_count_is_rounded():
     full = [Row([1] * 512, [0] * 512, "mean")]
     assert pad_rows(full, 0, 512)["input_ids"].shape == (1, 512)  # no room past the positions
     assert pad_rows(rows, 0)["input_ids"].shape == (1, 3)  # without a width: as long as the rows
+
+
+def test_vectors_are_written_as_their_exact_float32_values_with_orjson_or_without(monkeypatch):
+    import numpy as np
+
+    from bertlab.serve import app as app_module
+
+    vectors = (np.random.default_rng(0).standard_normal((4, 16)) / 3).astype(np.float32)
+    body = {"data": [{"embedding": vectors[0]}], "all": vectors, "n": 3}
+    fast = app_module.JSON(body).body
+    assert app_module.orjson is not None  # the serve extra's writer, as a server runs it
+    monkeypatch.setattr(app_module, "orjson", None)
+    plain = app_module.JSON(body).body
+    for written in (fast, plain):
+        read = json.loads(written)
+        assert np.array_equal(np.asarray(read["all"], dtype=np.float32), vectors)
+        assert np.array_equal(
+            np.asarray(read["data"][0]["embedding"], dtype=np.float32), vectors[0]
+        )
+        assert read["n"] == 3
+    assert len(fast) < 0.7 * len(plain)  # float32's shortest forms, not float64's
+    with pytest.raises(TypeError, match="object is not JSON"):
+        app_module.JSON({"x": object()})

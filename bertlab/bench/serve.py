@@ -62,7 +62,8 @@ from bertlab.bench.speed import SAMPLES, machine
 
 SYSTEMS = ("bertlab", "fastapi-st", "infinity")
 WORKLOADS = ("batch1", "batch256", "overload", "memory")
-DTYPES = ("float32", "bfloat16")  # the precisions every server is run in (--dtype)
+DTYPES = ("float32", "bfloat16", "int8")  # the precisions every server is run in (--dtype)
+QUALITY = 256  # sentences each server embeds once, compared with bertlab's float32 pipeline
 COMPARED = ("batch1", "batch256")  # every system; overload and memory are bertlab's alone
 BATCH, BATCH_CLIENTS = 256, 4
 FIRST = 1000  # memory is read after the first FIRST requests
@@ -103,6 +104,7 @@ def bertlab_spec(
     threads: int,
     limit: int | None = None,
     dtype: str = "float32",
+    compile: bool = False,
 ) -> ServerSpec:
     if importlib.util.find_spec("bertlab.serve") is None:
         raise Unavailable("this bertlab has no server yet (no bertlab.serve module)")
@@ -114,6 +116,7 @@ def bertlab_spec(
     command += ["--max-client-batch-size", str(BATCH)]  # its default, TEI's, is 32 texts
     command += ["--max-concurrent-requests", str(limit)] if limit else []
     command += ["--dtype", dtype] if dtype != "float32" else []
+    command += ["--compile"] if compile else []
     return ServerSpec("bertlab", command, "/embed", embed_body, list, _version("bertlab"))
 
 
@@ -170,6 +173,7 @@ def check_options(
     requests: int,
     warmup: float,
     dtype: str = "float32",
+    compile: bool = False,
 ) -> None:
     """Refuse what cannot be run, naming the value, before any server starts."""
     for kind, given, known in (("system", systems, SYSTEMS), ("workload", workloads, WORKLOADS)):
@@ -192,6 +196,21 @@ def check_options(
         why = bf16_supported()
         if why is not None:
             raise ValueError(f"dtype bfloat16 cannot run here: {why}")
+    if dtype == "int8":
+        from bertlab.nn.precision import int8_supported
+
+        why = int8_supported()
+        if why is not None:
+            raise ValueError(f"dtype int8 cannot run here: {why}")
+    if compile:
+        from bertlab.nn.compiled import Compiled
+        from bertlab.serve.engine import COMPILED_DTYPES
+
+        if dtype not in COMPILED_DTYPES:
+            raise ValueError(f"compile serves {' and '.join(COMPILED_DTYPES)}; got dtype {dtype}")
+        why = Compiled.available()
+        if why is not None:
+            raise ValueError(f"compile cannot run here: {why}")
 
 
 @dataclass
@@ -207,6 +226,7 @@ class Bench:
     warmup: float
     concurrency: int
     progress: Callable[[str], None]
+    reference: Any = None  # (QUALITY, H) unit float32 vectors of the first texts, or None
 
     def server(self, name: str, limit: int | None = None):  # -> running(...)'s context
         port = free_port()
@@ -230,14 +250,17 @@ def bench_serve(
     threads: int | None = None,
     infinity_venv: str | None = None,
     dtype: str = "float32",
+    compile: bool = False,
     progress: Callable[[str], None] = lambda _: None,
 ) -> dict[str, Any]:
     """Every system on the compared workloads; bertlab also under overload and for memory.
-    ``dtype``: the precision every server runs its model in."""
+    ``dtype``: the precision every server runs its model in; ``compile``: bertlab's server
+    with ``--compile``. Each server first embeds QUALITY sentences once, compared with bertlab's
+    float32 pipeline (``quality``)."""
     from bertlab.files import resolve_model_dir
     from bertlab.tokenizer import BertTokenizer
 
-    check_options(systems, workloads, seconds, concurrency, requests, warmup, dtype)
+    check_options(systems, workloads, seconds, concurrency, requests, warmup, dtype, compile)
     model_dir = str(resolve_model_dir(model))
     threads = threads or os.cpu_count() or 1
     texts = serve_texts()
@@ -251,6 +274,7 @@ def bench_serve(
         f"{sum(tokens) / len(texts):.1f} tokens on average",
         "threads": threads,
         "dtype": dtype,
+        "bertlab_compiled": compile,
         "seconds": seconds,
         "warmup_s": warmup,
         "concurrency": concurrency,
@@ -262,14 +286,18 @@ def bench_serve(
         for w in (w for w in workloads if w not in COMPARED):
             report["unavailable"][w] = "bertlab's alone, and bertlab was not asked"
     specs = {
-        "bertlab": lambda port, limit=None: bertlab_spec(model_dir, port, threads, limit, dtype),
+        "bertlab": lambda port, limit=None: bertlab_spec(
+            model_dir, port, threads, limit, dtype, compile
+        ),
         "fastapi-st": lambda port, limit=None: fastapi_st_spec(model_dir, port, threads, dtype),
         "infinity": lambda port, limit=None: infinity_spec(model_dir, port, infinity_venv, dtype),
     }
+    reference = reference_vectors(model_dir, texts[:QUALITY])
     with tempfile.TemporaryDirectory(prefix="bertlab-bench-serve-") as tmp:
         bench = Bench(
             specs, texts, tokens, threads, Path(tmp), seconds, warmup, concurrency, progress
         )
+        bench.reference = reference
         for name in systems:
             try:
                 spec = specs[name]("PORT")  # the command, as a template
@@ -299,6 +327,9 @@ def bench_system(
     timed = {"seconds": bench.seconds, "warmup": bench.warmup}
     own = name == "bertlab"
     with bench.server(name) as server:
+        if bench.reference is not None:
+            row["quality"] = quality(server, bench.texts[: len(bench.reference)], bench.reference)
+            bench.progress(f"{name}: quality {row['quality']}")
         for w in (w for w in COMPARED if w in workloads):
             bench.progress(f"{name}: {w}, {loads[w][1]} clients, {bench.seconds:g} s")
             row[w] = bench.phase(server, *loads[w], **timed)
@@ -335,6 +366,31 @@ def bench_system(
             "growth_mib": last - first if first is not None and last is not None else None,
             "phase": phase,
         }
+
+
+def reference_vectors(model_dir: str, texts: list[str]) -> Any:
+    """bertlab's float32 pipeline's unit vectors of ``texts``: what quality is measured against."""
+    from bertlab.pipelines import pipeline
+
+    return pipeline("embed", model_dir)(texts).float().numpy()
+
+
+def quality(server: Server, texts: list[str], reference: Any) -> dict[str, float]:
+    """The server's vectors of ``texts`` (one request) against ``reference``: mean and lowest
+    cosine, and the share of texts whose nearest other text stays the same (runtimes.quality)."""
+    import httpx
+    import numpy as np
+
+    from bertlab.bench.runtimes import quality as compare
+
+    url = server.url + server.spec.path
+    with httpx.Client(trust_env=False, timeout=120) as http:
+        answer = http.post(url, json=server.spec.body(texts))
+    if answer.status_code != 200:
+        raise ServerError(f"{server.spec.name} answered {answer.status_code}: {answer.text[:300]}")
+    got = np.asarray(server.spec.vectors(answer.json()), dtype=np.float32)
+    got /= np.linalg.norm(got, axis=-1, keepdims=True)
+    return {k: round(v, 6) for k, v in compare(reference, got).items()}
 
 
 def saturation(bench: Bench, server: Server, requests: list[Request]) -> dict[str, Any]:

@@ -3,7 +3,7 @@ write it in an afternoon. One ``SentenceTransformer(DIR).encode(...)`` per reque
 thread pool (a plain ``def`` route), no batching across requests, no admission control.
 
     python -m bertlab.bench.st_server DIR --port P [--host 127.0.0.1] [--threads N]
-        [--dtype float32|bfloat16]
+        [--dtype float32|bfloat16|int8]
 
 Routes, the same shapes as ``bertlab serve``'s: ``GET /health`` (200 once the model is
 loaded: uvicorn accepts connections only after this module has loaded it) and ``POST /embed``
@@ -28,6 +28,8 @@ def build_app(model_dir: str, dtype: str = "float32"):  # -> fastapi.FastAPI
     model = SentenceTransformer(model_dir, device="cpu")
     if dtype == "bfloat16":
         model = model.to(torch.bfloat16)
+    elif dtype == "int8":  # dynamic int8 linear layers, as Infinity's CPU int8 makes them
+        model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
     app = FastAPI()
 
     @app.get("/health")
@@ -51,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "int8"], default="float32")
     args = p.parse_args(argv)
     import torch
     import uvicorn

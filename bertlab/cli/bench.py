@@ -344,12 +344,15 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
         threads=args.threads,
         infinity_venv=args.infinity_venv,
         dtype=args.dtype,
+        compile=args.compile,
         progress=lambda line: print(line, file=sys.stderr, flush=True),
     )
     m = report["machine"]
     print(f"{m['cpu']}, {report['threads']} threads per server; {report['texts']}")
     if report["dtype"] != "float32":
         print(f"every server runs its model in {report['dtype']}")
+    if report["bertlab_compiled"]:
+        print("bertlab's server runs compiled (--compile)")
     print(markdown_table(report))
     for line in summary_lines(report):
         print(line)
@@ -552,9 +555,13 @@ def add_bench_parsers(sub: argparse._SubParsersAction) -> None:
     srv.add_argument("--threads", type=int, help="threads of every server (default: the cores)")
     srv.add_argument(
         "--dtype",
-        choices=["float32", "bfloat16"],
+        choices=["float32", "bfloat16", "int8"],
         default="float32",
-        help="the precision every server runs its model in",
+        help="the precision every server runs its model in (int8: bertlab's calibrated int8; "
+        "the others' dynamic int8, torch.ao's quantize_dynamic)",
+    )
+    srv.add_argument(
+        "--compile", action="store_true", help="bertlab's server with --compile (float32, int8)"
     )
     srv.add_argument(
         "--infinity-venv",

@@ -107,7 +107,7 @@ async def embed(ctx: Context, model: ServedModel, data: dict) -> Result:
     """TEI's /embed: {inputs, normalize, truncate, truncation_direction, dimensions} -> a list
     of vectors (one per input, a list of one for a single string)."""
     v, encoded = await _vectors(ctx, model, data, "inputs")
-    return v.tolist(), _long_headers(encoded)
+    return v.numpy(), _long_headers(encoded)  # written by app.JSON
 
 
 async def openai_embeddings(ctx: Context, model: ServedModel, data: dict) -> Result:
@@ -125,7 +125,7 @@ async def openai_embeddings(ctx: Context, model: ServedModel, data: dict) -> Res
         if fmt == "base64":
             emb: Any = base64.b64encode(row.numpy().astype("<f4").tobytes()).decode("ascii")
         else:
-            emb = row.tolist()
+            emb = row.numpy()  # written by app.JSON
         item = {"object": "embedding", "index": i, "embedding": emb}
         if e.truncated:
             item["truncated"] = True
