@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 
+import numpy as np
 import pytest
 
 from bertlab.bench import serve
@@ -149,11 +150,22 @@ def test_a_server_that_dies_is_named_with_its_output_and_one_that_runs_is_stoppe
 
 
 def test_the_benchmark_runs_every_workload_and_reports_what_it_could_not_run(tmp_path, monkeypatch):
-    def bertlab_stub(model_dir, port, threads, limit=None, dtype="float32"):
-        assert dtype == "float32"
+    def bertlab_stub(model_dir, port, threads, limit=None, dtype="float32", compile=False):
+        assert dtype == "float32" and compile is False
         return stub_spec(tmp_path, "bertlab", port, delay=0.002, limit=limit)
 
     monkeypatch.setattr(serve, "bertlab_spec", bertlab_stub)
+    # Quality: the stub's vectors are all (0.5, 0.5, 0.5, 0.5); the reference's rows are the
+    # unit axes in turn, so each cosine is 0.5, and the nearest other text is kept for row 4
+    # alone (the stub's nearest is always text 0, or 1 for text 0; the reference's is i +- 4).
+    monkeypatch.setattr(serve, "QUALITY", 8)
+    seen = []
+
+    def reference(model_dir, texts):
+        seen.append(texts)
+        return np.eye(4, dtype=np.float32)[[i % 4 for i in range(len(texts))]]
+
+    monkeypatch.setattr(serve, "reference_vectors", reference)
     monkeypatch.setattr(
         serve, "fastapi_st_spec", lambda d, port, t, dtype: stub_spec(tmp_path, "fastapi-st", port)
     )
@@ -173,6 +185,9 @@ def test_the_benchmark_runs_every_workload_and_reports_what_it_could_not_run(tmp
             r = report["systems"][name][w]
             assert r["ok"] > 0 and r["errors"] == 0, (name, w)
         assert report["systems"][name]["batch256"]["answer"] == "256 x 4"
+        quality = report["systems"][name]["quality"]
+        assert quality == {"cosine_mean": 0.5, "cosine_min": 0.5, "nearest_neighbour_kept": 0.125}
+    assert seen == [serve.serve_texts()[:8]]
     over = report["systems"]["bertlab"]["overload"]
     # One request at a time: saturated at a few clients; of 4x that, some turned away (how many
     # depends on how fast this process can send, here against a stub that answers in 2 ms).
@@ -187,6 +202,7 @@ def test_the_benchmark_runs_every_workload_and_reports_what_it_could_not_run(tmp
     assert list(memory["phase"]["rss_mib_at"]) == [str(n) for n in range(100, 1001, 100)]
     table = markdown_table(report)
     assert table.count("\n") == 5 and "| bertlab | batch256 | 4 |" in table
+    assert table.splitlines()[2].endswith("| 0.5000, 0.5000 | 12% |")
     lines = summary_lines(report)
     assert lines[0].startswith("overload: saturated at") and lines[1].startswith("memory:")
     assert lines[2] == "infinity: not run: " + report["unavailable"]["infinity"]
@@ -219,7 +235,7 @@ def test_bad_options_are_refused_by_name_before_any_server_starts(option, messag
     assert message in capsys.readouterr().err
 
 
-def test_every_server_can_be_benchmarked_in_bfloat16(tmp_path, monkeypatch):
+def test_every_server_can_be_benchmarked_in_bfloat16_and_int8(tmp_path, monkeypatch):
     # Only the command lines are read here: the servers' packages need not be installed.
     monkeypatch.setattr(serve.importlib.util, "find_spec", lambda name: object())
     plain = serve.bertlab_spec("MODEL", 1234, 2)
@@ -230,18 +246,40 @@ def test_every_server_can_be_benchmarked_in_bfloat16(tmp_path, monkeypatch):
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "infinity_emb").write_text("")
-    for spec in (
-        serve.fastapi_st_spec("MODEL", 1234, 2, "bfloat16"),
-        serve.infinity_spec("MODEL", 1234, str(venv), "bfloat16"),
-    ):
-        assert spec.command[spec.command.index("--dtype") + 1] == "bfloat16", spec.name
+    for dtype in ("bfloat16", "int8"):
+        for spec in (
+            serve.bertlab_spec("MODEL", 1234, 2, dtype=dtype),
+            serve.fastapi_st_spec("MODEL", 1234, 2, dtype),
+            serve.infinity_spec("MODEL", 1234, str(venv), dtype),
+        ):
+            assert spec.command[spec.command.index("--dtype") + 1] == dtype, spec.name
     assert "--dtype" not in serve.infinity_spec("MODEL", 1234, str(venv)).command
-    with pytest.raises(ValueError, match="dtype must be one of float32, bfloat16; got 'int8'"):
-        bench_serve(("bertlab",), dtype="int8")
+    assert "--compile" not in plain.command
+    assert "--compile" in serve.bertlab_spec("MODEL", 1234, 2, dtype="int8", compile=True).command
+    with pytest.raises(
+        ValueError, match="dtype must be one of float32, bfloat16, int8; got 'int4'"
+    ):
+        bench_serve(("bertlab",), dtype="int4")
+    with pytest.raises(ValueError, match="compile serves float32 and int8; got dtype bfloat16"):
+        bench_serve(("bertlab",), dtype="bfloat16", compile=True)
+
+
+def test_the_plain_server_quantizes_its_model_as_infinity_does_in_int8():
+    from bertlab.bench.st_server import load_model
+    from bertlab.files import resolve_model_dir
+    from bertlab.pipelines import pipeline
+
+    texts = ["A warm, funny film.", "Stocks fell sharply on Monday in Tokyo"]
+    model = load_model(str(resolve_model_dir("default")), "int8")
+    linears = {type(m).__module__ for m in model.modules() if type(m).__name__ == "Linear"}
+    assert linears == {"torch.ao.nn.quantized.dynamic.modules.linear"}
+    got = model.encode(texts, normalize_embeddings=True)
+    cos = (got * pipeline("embed")(texts).numpy()).sum(-1)
+    assert (0.8 < cos).all() and (cos < 0.99999).all()  # int8, not float32 under another name
 
 
 def test_an_unknown_dtype_is_refused_by_the_command(capsys):
     with pytest.raises(SystemExit) as e:
-        main(["bench", "serve", "--dtype", "int8"])
+        main(["bench", "serve", "--dtype", "int4"])
     assert e.value.code == 2
-    assert "invalid choice: 'int8'" in capsys.readouterr().err
+    assert "invalid choice: 'int4'" in capsys.readouterr().err

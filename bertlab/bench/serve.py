@@ -414,18 +414,22 @@ def markdown_table(report: dict[str, Any]) -> str:
     """One row per system and compared workload."""
     out = [
         "| system | workload | clients | requests/s | sentences/s | tokens/s | p50 ms | p95 ms "
-        "| p99 ms | errors | server RSS MiB (peak) |",
-        "|" + " --- |" * 11,
+        "| p99 ms | errors | server RSS MiB (peak) | cosine to float32 (mean, lowest) "
+        "| nearest kept |",
+        "|" + " --- |" * 13,
     ]
     for name, row in report["systems"].items():
         for w in (w for w in COMPARED if w in row):
             r, lat = row[w], row[w]["latency_ms"]
             ms = [f"{lat[q]:.1f}" if lat[q] is not None else "n/a" for q in ("p50", "p95", "p99")]
             rss = (r["server_rss_mib"] or {}).get("peak", math.nan)
+            q = row.get("quality")
+            cos = f"{q['cosine_mean']:.4f}, {q['cosine_min']:.4f}" if q else "n/a"
+            kept = f"{q['nearest_neighbour_kept']:.0%}" if q else "n/a"
             out.append(
                 f"| {name} | {w} | {r['clients']} | {r['requests_per_s']:,.1f} | "
                 f"{r['texts_per_s']:,.0f} | {r['tokens_per_s']:,.0f} | {' | '.join(ms)} | "
-                f"{r['errors']} of {r['requests']:,} | {rss:,.0f} |"
+                f"{r['errors']} of {r['requests']:,} | {rss:,.0f} | {cos} | {kept} |"
             )
     return "\n".join(out)
 

@@ -20,16 +20,24 @@ class EmbedRequest(BaseModel):
     normalize: bool = True
 
 
-def build_app(model_dir: str, dtype: str = "float32"):  # -> fastapi.FastAPI
+def load_model(model_dir: str, dtype: str = "float32"):  # -> SentenceTransformer
+    """The model as the plain server runs it: float32, cast to bfloat16, or int8 as Infinity's
+    CPU int8 makes it (torch.ao's dynamic int8 linear layers)."""
     import torch
-    from fastapi import FastAPI
     from sentence_transformers import SentenceTransformer
 
     model = SentenceTransformer(model_dir, device="cpu")
     if dtype == "bfloat16":
         model = model.to(torch.bfloat16)
-    elif dtype == "int8":  # dynamic int8 linear layers, as Infinity's CPU int8 makes them
+    elif dtype == "int8":
         model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+    return model
+
+
+def build_app(model_dir: str, dtype: str = "float32"):  # -> fastapi.FastAPI
+    from fastapi import FastAPI
+
+    model = load_model(model_dir, dtype)
     app = FastAPI()
 
     @app.get("/health")
