@@ -5,6 +5,7 @@ request is a 4xx that names the field (a fuzzer sends thousands). The limits (42
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import concurrent.futures
 import json
@@ -281,6 +282,43 @@ def test_concurrent_requests_share_batches_and_get_their_own_answers(client):
     old = before.get((("model", "minilm"),), [0] * len(counts))
     batches = [a - b for a, b in zip(counts, old, strict=True)]
     assert sum(batches) < 48  # fewer batches than requests: some held several sequences
+
+
+def test_a_lone_request_runs_at_once_and_requests_wait_only_while_the_model_is_busy(folders):
+    # max_wait of 10 s: a request that waited for company would take 10 s; with the model free
+    # it runs at once. While the model is busy, the rows that arrive meanwhile form one batch.
+    from bertlab.serve.engine import Batcher, Job, Limits, Row, ServedModel
+
+    gate = threading.Event()
+    batches = []
+
+    class Slow(ServedModel):
+        def forward(self, rows, parts=None):
+            batches.append(len(rows))
+            gate.wait(30)  # the first batch holds the model until the others have queued
+            return super().forward(rows, parts)
+
+    batcher = Batcher(lambda: Slow("m", folders["mlm"]), Limits(max_wait=10.0))
+    loop = asyncio.new_event_loop()
+    try:
+        row = Row([101, 2057, 102], [0, 0, 0], "mean")
+        jobs = [Job([row], loop) for _ in range(4)]
+        batcher.submit(jobs[0])
+        deadline = time.perf_counter() + 5
+        while not batches and time.perf_counter() < deadline:
+            time.sleep(0.01)
+        assert batches == [1]  # taken at once, not after max_wait
+        for job in jobs[1:]:
+            batcher.submit(job)
+        time.sleep(0.2)
+        gate.set()
+        loop.run_until_complete(asyncio.wait([j.future for j in jobs], timeout=30))
+        assert all(j.future.done() and not j.future.exception() for j in jobs)
+        assert batches == [1, 3]  # the three that came while it ran: one batch
+    finally:
+        gate.set()
+        batcher.close()
+        loop.close()
 
 
 def test_a_request_larger_than_the_token_budget_runs_over_several_batches(folders):

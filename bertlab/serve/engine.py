@@ -10,9 +10,10 @@ Each row says what it yields (``Row.want``): a mean or [CLS] vector, a classifie
 tagger's per-token probabilities, a reader's start and end logits, or the masked-LM logits at
 its [MASK]s. The batcher takes rows from the waiting jobs in arrival order until the batch holds
 ``max_batch_tokens`` real tokens or ``max_batch_sequences`` rows, or until the oldest has waited
-``max_wait`` seconds; it pads them into one batch, which the model runs packed (its default
-"packed" kernel removes the padding again, so the budget counts real tokens). While one batch
-runs, the former thread builds the next. Jobs whose client left are dropped before their rows
+``max_wait`` seconds, or at once when the model is free (nothing runs and no batch is ready:
+waiting would only add latency); it pads them into one batch, which the model runs packed (its
+default "packed" kernel removes the padding again, so the budget counts real tokens). While one
+batch runs, the former thread builds the next. Jobs whose client left are dropped before their rows
 are computed; a batch that raises fails its jobs alone (``ModelFailed``), and the batcher goes on.
 
 The results are the pipelines' own: the per-row readers below take the same tensors the
@@ -488,6 +489,7 @@ class Batcher:
         self._cv = threading.Condition()
         self._ready: queue.Queue[Batch | None] = queue.Queue(maxsize=1)
         self._closing = False
+        self._idle = False  # the runner waits for a batch and none is ready (under _cv)
         self._loaded = threading.Event()
         self._load_error: BaseException | None = None
         runner = threading.Thread(target=self._run, args=(load,), name="runner", daemon=True)
@@ -544,6 +546,8 @@ class Batcher:
                 full = len(rows) >= lim.max_batch_sequences
                 if full or sum(map(len, rows)) >= lim.max_batch_tokens or left <= 0:
                     break
+                if self._idle and self._ready.empty():
+                    break  # nothing runs: waiting would only add latency (continuous batching)
                 self._cv.wait(left)
             batch = Batch([], [])
             while self._jobs:
@@ -590,7 +594,12 @@ class Batcher:
             self._loaded.set()
         trimmed = time.perf_counter()
         while True:
+            with self._cv:  # the former stops waiting for more rows: the model is free
+                self._idle = True
+                self._cv.notify()
             batch = self._ready.get()
+            with self._cv:
+                self._idle = False
             if batch is None:
                 return
             if TRIM is not None and time.perf_counter() - trimmed > TRIM_EVERY:
