@@ -166,3 +166,41 @@ def test_the_command_line_refuses_a_calibration_file_without_int8(tmp_path, caps
     texts.write_text("a\n" * 10, encoding="utf-8")
     assert main(["serve", "default", "--port", "0", "--calibration", str(texts)]) == 2
     assert "calibration file is read for int8 only" in capsys.readouterr().err
+
+
+def test_the_readme_int8_command_is_one_the_server_takes(monkeypatch):
+    """The README's int8 line ("Precision and compilation"), parsed as the command line parses
+    it, reaches the server with int8, compile and the bundled calibration (the server itself is
+    not started here: the tests above run that configuration)."""
+    import shlex
+    from pathlib import Path
+
+    from bertlab.cli import serve as serve_cli
+    from bertlab.cli.main import build_parser
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("**Precision and compilation.**", 1)[1]
+    line = section.split("```bash\n", 1)[1].split("```", 1)[0].strip()
+    argv = shlex.split(line.split("#", 1)[0])
+    assert argv[0] == "bertlab"
+    taken = []
+    monkeypatch.setattr("bertlab.serve.run", lambda config, **kw: taken.append((config, kw)))
+    monkeypatch.setattr(serve_cli.socket, "socket", _FreePort)
+    args = build_parser().parse_args(argv[1:])
+    assert args.func(args) == 0
+    config, kw = taken[0]
+    assert (config.dtype, config.compile, config.calibration) == ("int8", True, None)
+    assert kw["port"] == 8080
+
+
+class _FreePort:
+    """socket.socket for the command's port check: every port is free."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def bind(self, address):
+        pass
