@@ -129,6 +129,12 @@ def test_int8_models_compile_within_int8_tolerance_of_their_eager_run():
     int8 = quantize_int8(model, calibrate=calibration)
     fast = Compiled(int8)
     assert fast.precision == "int8"
+    # the encoder of a quantized head model is int8 too: its padding limit is int8's
+    from bertlab.nn.heads import HEADS
+
+    mlm = quantize_int8(HEADS["masked-lm"](CFG).eval(), calibrate=calibration)
+    assert Compiled(mlm.bert).precision == "int8" and not hasattr(mlm.bert, "int8_report")
+    assert Compiled(model).precision == "float32"
     x = ids(1, 12, seed=9)
     with torch.no_grad():
         want, got = int8(input_ids=x).last_hidden_state, fast(input_ids=x).last_hidden_state

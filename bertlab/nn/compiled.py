@@ -62,6 +62,7 @@ from torch import nn
 from torch._inductor import config as inductor_config
 
 from bertlab.nn.checks import check_inputs
+from bertlab.nn.precision import Int8Linear
 
 # torch.compile's inductor settings for this path, set around each call of the graph (which may
 # trace and compile) and restored after it: nothing global is changed. Freezing must hold while
@@ -74,8 +75,9 @@ PADDING_LIMIT = {"int8": 0.3, "bfloat16": 0.1, "float32": 0.05}
 
 
 def _precision(model: nn.Module) -> str:
-    """The precision of the model's products: "int8" (quantize_int8), else its weights' dtype."""
-    if hasattr(model, "int8_report"):
+    """The precision of the model's products: "int8" (quantize_int8's layers, also in a part of
+    a quantized model such as its encoder), else its weights' dtype."""
+    if hasattr(model, "int8_report") or any(isinstance(m, Int8Linear) for m in model.modules()):
         return "int8"
     return str(next(model.parameters()).dtype).removeprefix("torch.")
 

@@ -195,7 +195,7 @@ class ServedModel:
         if compile and dtype not in COMPILED_DTYPES:
             raise ValueError(
                 f"compile serves {' and '.join(COMPILED_DTYPES)}; in {dtype} the packed batch is "
-                "the faster path (benchmarks/README.md)"
+                "the faster path"
             )
         if compile and (why := Compiled.available()) is not None:
             raise RuntimeError(why)
