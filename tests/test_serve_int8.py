@@ -71,11 +71,20 @@ def test_int8_without_a_file_calibrates_on_the_bundled_sample():
 
 @needs_int8
 @needs_compiler
-def test_a_compiled_int8_server_answers_as_the_uncompiled_one_in_length_groups(calibration_file):
+def test_a_compiled_int8_server_answers_as_the_uncompiled_one_in_length_groups(
+    calibration_file, tmp_path
+):
     _, texts = calibration_file
+    # the bundled model's first two layers: real weights (so int8 meets its quality bar) that
+    # compile in a third of the whole model's time
+    two = bertlab.BertModel.from_pretrained(DEFAULT).eval()
+    two.encoder.layer = two.encoder.layer[:2]
+    two.config.num_hidden_layers = 2
+    two.save_pretrained(tmp_path)
+    bertlab.BertTokenizer.from_pretrained(DEFAULT).save_pretrained(tmp_path)
     calibration = calibration_texts(calibration_file[0])
-    plain = ServedModel("m", DEFAULT, "int8", calibration)
-    config = ServeConfig(models=[("minilm", DEFAULT)], dtype="int8", compile=True,
+    plain = ServedModel("m", tmp_path, "int8", calibration)
+    config = ServeConfig(models=[("minilm", tmp_path)], dtype="int8", compile=True,
                          calibration=calibration_file[0], max_client_batch_size=64)  # fmt: skip
     server = Server(config)
     compiled = server.models["minilm"]  # compiled at start-up, before the first request
@@ -99,7 +108,7 @@ def test_a_compiled_int8_server_answers_as_the_uncompiled_one_in_length_groups(c
     unit = torch.nn.functional.normalize(want, dim=-1)
     cos = torch.nn.functional.cosine_similarity(served, unit)  # rounding ties may fall otherwise
     assert float(cos.min()) > 0.999, float(cos.min())
-    float32 = pipeline("embed")(texts)  # int8's quality bar (the runtimes benchmark's goal)
+    float32 = pipeline("embed", str(tmp_path))(texts)  # the int8 quality bar of bench runtimes
     to_float = torch.nn.functional.cosine_similarity(served, float32)
     assert float(to_float.mean()) >= 0.995 and float(to_float.min()) >= 0.98
     # three mixed rows are too few to group: they run as one packed batch
@@ -107,8 +116,14 @@ def test_a_compiled_int8_server_answers_as_the_uncompiled_one_in_length_groups(c
 
 
 @needs_compiler
-def test_a_compiled_float32_server_runs_single_texts_compiled_and_mixed_batches_packed():
-    model = ServedModel("m", DEFAULT, "float32", compile=True)
+def test_a_compiled_float32_server_runs_single_texts_compiled_and_mixed_batches_packed(tmp_path):
+    # a small model of the bundled vocabulary: it compiles in a third of the bundled one's time
+    cfg = bertlab.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                             intermediate_size=128, max_position_embeddings=64)  # fmt: skip
+    torch.manual_seed(0)
+    bertlab.BertModel(cfg).eval().save_pretrained(tmp_path)
+    bertlab.BertTokenizer.from_pretrained(DEFAULT).save_pretrained(tmp_path)
+    model = ServedModel("m", tmp_path, "float32", compile=True)
     ids = model.tokenizer(TEXTS)["input_ids"]
     rows = [Row(i, [0] * len(i), "mean") for i in ids]
     calls = dict(model.compiled.calls)
@@ -116,9 +131,10 @@ def test_a_compiled_float32_server_runs_single_texts_compiled_and_mixed_batches_
     assert model.compiled.calls["compiled"] == calls["compiled"] + 1
     parts = model.prepare(rows)  # float32 never cuts a mixed batch into groups
     assert len(parts) == 1 and parts[0][1]["input_ids"].shape[1] == max(map(len, ids)) + 1
-    ref = pipeline("embed")(TEXTS, normalize=False)
+    ref = pipeline("embed", str(tmp_path))(TEXTS, normalize=False)
     assert (one - ref[0]).abs().max() < 1e-5
     assert (torch.stack(model.forward(rows, parts)) - ref).abs().max() < 1e-5
+    assert model.compiled.calls["eager"] == calls["eager"] + 1  # the mixed batch, packed
 
 
 # ============================================================================ refused by name

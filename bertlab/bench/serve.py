@@ -11,6 +11,13 @@ Systems, each started from a command line and waited for until its health route 
 Every server gets the same model folder and thread count. One that cannot run here is reported
 as not run, with the reason; one that dies while starting, with the end of its output.
 
+Every server runs its model in one precision (``--dtype``): float32; bfloat16 (bertlab's
+``--dtype bfloat16``, Infinity's, the plain server's model cast); or int8 (bertlab's calibrated
+int8, ``--compile`` to compile it; Infinity's ``--dtype int8`` and the plain server both use
+torch.ao's dynamic int8, as Infinity does on a CPU). Before the load, each server embeds the
+last QUALITY sentences once, in one request; their mean and lowest cosine to bertlab's float32
+pipeline and the share of nearest neighbours kept are the row's quality.
+
 The load (``bertlab.bench.load``): asyncio clients over HTTP/1.1 keep-alive (httpx), a fixed
 number of them, each sending its next request when its last one is answered (a closed loop).
 Requests hold real sentences, the bundled SST-2 samples (dev, then train) in order, cycling;
