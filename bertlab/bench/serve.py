@@ -301,12 +301,11 @@ def bench_serve(
         "fastapi-st": lambda port, limit=None: fastapi_st_spec(model_dir, port, threads, dtype),
         "infinity": lambda port, limit=None: infinity_spec(model_dir, port, infinity_venv, dtype),
     }
-    reference = reference_vectors(model_dir, texts[-QUALITY:])
     with tempfile.TemporaryDirectory(prefix="bertlab-bench-serve-") as tmp:
         bench = Bench(
-            specs, texts, tokens, threads, Path(tmp), seconds, warmup, concurrency, progress
-        )
-        bench.reference = reference
+            specs, texts, tokens, threads, Path(tmp), seconds, warmup, concurrency, progress,
+            reference_vectors(model_dir, texts[-QUALITY:]),
+        )  # fmt: skip
         for name in systems:
             try:
                 spec = specs[name]("PORT")  # the command, as a template

@@ -36,8 +36,6 @@ from starlette.routing import Route
 from bertlab.nn.compiled import Compiled
 from bertlab.serve import fields as F
 from bertlab.serve.engine import (
-    COMPILED_DTYPES,
-    DTYPES,
     Batcher,
     Job,
     Limits,
@@ -46,6 +44,7 @@ from bertlab.serve.engine import (
     Row,
     ServedModel,
     calibration_texts,
+    check_precision,
 )
 from bertlab.serve.metrics import Metrics
 from bertlab.serve.routes import EVERY_MODEL, ROUTES
@@ -93,17 +92,9 @@ class ServeConfig:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
         if not 0 <= self.max_wait_ms <= 1000:
             raise ValueError(f"max_wait_ms must be in [0, 1000], got {self.max_wait_ms}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        check_precision(self.dtype, self.compile)
         if self.calibration is not None and self.dtype != "int8":
             raise ValueError(f"a calibration file is read for int8 only; dtype is {self.dtype}")
-        if not isinstance(self.compile, bool):
-            raise TypeError(f"compile must be True or False, got {self.compile!r}")
-        if self.compile and self.dtype not in COMPILED_DTYPES:
-            raise ValueError(
-                f"compile serves {' and '.join(COMPILED_DTYPES)}; in {self.dtype} the packed batch "
-                "is the faster path"
-            )
         if self.api_key is not None and not self.api_key:
             raise ValueError("api_key is empty: give a key, or none for an open server")
         self.names = [n for n, _ in self.models]

@@ -62,6 +62,7 @@ ROUTES_BY_HEAD: dict[str, tuple[str, ...]] = {
     "question-answering": ("qa",),
 }
 HEADED = ("sequence-classification", "token-classification", "question-answering")  # model(...)
+WARM_UP_OUTPUT = dict(zip(HEADED, ("logits", "tokens", "span"), strict=True))  # else "mean"
 WINDOW_OVERLAP = 128  # tokens two neighbouring tagging windows share (at most half a window)
 DTYPES = ("float32", "bfloat16", "int8")
 # Compiled serving (``ServedModel(compile=True)``). A batch with little padding runs through the
@@ -75,6 +76,19 @@ COMPILED_DTYPES = ("float32", "int8")
 GROUPED_DTYPES = ("int8",)
 COMPILED_ROWS = 32
 GROUP_ROWS = 8
+
+
+def check_precision(dtype: str, compile: bool) -> None:
+    """Refuse a precision, or compiling in it, that the server does not serve (by name)."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if not isinstance(compile, bool):
+        raise TypeError(f"compile must be True or False, got {compile!r}")
+    if compile and dtype not in COMPILED_DTYPES:
+        raise ValueError(
+            f"compile serves {' and '.join(COMPILED_DTYPES)}; in {dtype} the packed batch is the "
+            "faster path"
+        )
 
 
 def calibration_texts(path: str | Path | None) -> tuple[list[str], str]:
@@ -190,15 +204,7 @@ class ServedModel:
         ``calibration``, texts and where they came from; default: ``calibration_texts(None)``).
         ``compile``: run batches through a ``Compiled`` graph, as groups of similar length
         (``prepare``); compiled once here, before the first request."""
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-        if compile and dtype not in COMPILED_DTYPES:
-            raise ValueError(
-                f"compile serves {' and '.join(COMPILED_DTYPES)}; in {dtype} the packed batch is "
-                "the faster path"
-            )
-        if compile and (why := Compiled.available()) is not None:
-            raise RuntimeError(why)
+        check_precision(dtype, compile)  # (Compiled says why it cannot compile here, if so)
         self.name, self.folder = name, Path(folder)
         config = BertConfig.from_pretrained(self.folder)
         self.head = head_of(getattr(config, "architectures", None))
@@ -249,11 +255,7 @@ class ServedModel:
         cls, sep = self.tokenizer.cls_token_id, self.tokenizer.sep_token_id
         for rows, length in ((3, 12), (1, 9)):
             ids = [cls] + [self.tokenizer.unk_token_id] * (length - 2) + [sep]
-            want = "logits" if self.head in HEADED else "mean"
-            want = {"token-classification": "tokens", "question-answering": "span"}.get(
-                self.head, want
-            )
-            self.forward([Row(ids, [0] * length, want)] * rows)
+            self.forward([Row(ids, [0] * length, WARM_UP_OUTPUT.get(self.head, "mean"))] * rows)
         self.compile_seconds = round(time.perf_counter() - start, 1)
 
     @property
