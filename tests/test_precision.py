@@ -174,7 +174,7 @@ def test_calibrated_smoothing_lowers_the_int8_error_and_keeps_the_projections_on
     assert set(names) <= set(smoothed)  # the projections read the outlier channel
     assert len({smoothed[n] for n in names}) == 1  # one strength, one s: still one product
     s = q.encoder.layer[0].attention.self
-    assert torch.equal(s.query.unsmooth, s.value.unsmooth)
+    assert s.query.unsmooth is s.key.unsmooth is s.value.unsmooth  # one tensor per group
     for n in smoothed:  # chosen only where the calibration error drops
         assert q.int8_report["errors"][n] < plain[n]
     with torch.no_grad():
@@ -184,6 +184,35 @@ def test_calibrated_smoothing_lowers_the_int8_error_and_keeps_the_projections_on
         worse = unsmoothed(ids, mask).last_hidden_state
     real = mask.bool()
     assert (got[real] - want[real]).norm() < (worse[real] - want[real]).norm()
+
+
+def test_a_traced_int8_model_runs_its_attention_projections_as_one_product():
+    """torch.compile (and torch.export) trace the module path, not the packed one: there the
+    three projections sharing one smoothing are still one int8 product, and the traced graph's
+    numbers are the eager model's."""
+    model = outlier_model()
+    ids, mask = batch()
+    q = quantize_int8(model, calibrate=[{"input_ids": ids, "attention_mask": mask}])
+    products = []
+
+    def count(graph, example_inputs):  # a torch.compile backend: runs the graph as traced
+        products.append(sum(n.target is torch._int_mm for n in graph.graph.nodes))
+        return graph.forward
+
+    with torch.no_grad():
+        traced = torch.compile(q, backend=count, fullgraph=True)(ids, mask).last_hidden_state
+        eager = q(ids, mask).last_hidden_state
+    pooler = q.pooler is not None
+    assert products == [4 * CFG.num_hidden_layers + pooler]  # not 6 per layer
+    real = mask.bool()
+    assert (traced[real] - eager[real]).abs().max() < 1e-5
+    # projections smoothed apart (built by hand, not by quantize_int8) stay three products
+    s = q.encoder.layer[0].attention.self
+    s.key.unsmooth = s.key.unsmooth.clone()
+    products.clear()
+    with torch.no_grad():
+        torch.compile(q, backend=count, fullgraph=True)(ids, mask)
+    assert products == [4 * CFG.num_hidden_layers + pooler + 2]
 
 
 def test_smoothed_int8_from_packed_weights_equals_its_modules_and_ignores_the_batch(monkeypatch):

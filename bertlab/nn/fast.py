@@ -97,7 +97,10 @@ class FastSelfAttention(BertSelfAttention):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         projections = (self.query, self.key, self.value)
         own = all(type(p) is FusedLinear for p in projections)
-        stacked = fused.qkv(self, x) if own and not tracing() else None
+        if tracing():
+            stacked = fused.int8_qkv(self, x)  # (float ones: the compiler concatenates them)
+        else:
+            stacked = fused.qkv(self, x) if own else None
         if stacked is None:  # (..., 3H) or None
             return super().forward(x, layout, need_weights)
         parts = stacked.chunk(3, dim=-1)

@@ -40,6 +40,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from bertlab.nn.packing import tracing
+
 try:  # oneDNN's fused linear (the operator torch.compile uses for the same fusion on CPU)
     _linear_pointwise = torch.ops.mkldnn._linear_pointwise
     _reorder = torch.ops.mkldnn._reorder_linear_weight
@@ -159,15 +161,19 @@ def _sources(layer: nn.Module) -> tuple[torch.Tensor | None, ...]:
 
 def _one_input(layers: Group) -> bool:
     """Layers that can run as one product: all float, or all int8 with the same smoothing (the
-    input is divided by it once, before it is rounded)."""
+    input is divided by it once, before it is rounded). quantize_int8 gives a group one shared
+    smoothing tensor; other equal ones are compared by value, except while tracing (a traced
+    graph cannot depend on values)."""
     from bertlab.nn.precision import Int8Linear
 
     int8 = {isinstance(lin, Int8Linear) for lin in layers}
     if int8 != {True}:
         return int8 == {False}
     first = layers[0].unsmooth
-    if first is None:
-        return all(lin.unsmooth is None for lin in layers)
+    if all(lin.unsmooth is first for lin in layers):
+        return True
+    if first is None or tracing():
+        return False
     return all(lin.unsmooth is not None and torch.equal(lin.unsmooth, first) for lin in layers)
 
 
@@ -189,7 +195,7 @@ def _stack(layers: Group, pack: bool) -> tuple[Any, torch.Tensor | None]:
         else:
             bias = None
         if isinstance(layers[0], Int8Linear):
-            weight = torch.cat([lin.weight_int8 for lin in layers], dim=1)  # (in, out)
+            weight = torch.cat([lin.weight_int8 for lin in layers]).t()  # (in, out) view
             scale = torch.cat([lin.weight_scale for lin in layers])
             weight = Int8Weight(weight, scale, layers[0].unsmooth)
             return weight, (None if bias is None else bias.float())
@@ -250,6 +256,21 @@ def linear_add(layer: nn.Linear, x: torch.Tensor, other: torch.Tensor) -> torch.
     if same and fusable(layer, x):
         return product(x, *packed(layer, (layer,)), add=other)
     return layer(x).add_(other)
+
+
+def int8_qkv(attention: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+    """(..., H) -> (..., 3H) while a model is traced: int8 query, key and value projections
+    that share their smoothing as one int8 product (the input rounded once, one kernel call),
+    or None (other layers, or a hook to serve). Their weights are concatenated in the graph;
+    a frozen graph folds that into one constant."""
+    from bertlab.nn.precision import Int8Linear
+
+    layers = (attention.query, attention.key, attention.value)
+    if not all(type(lin) is Int8Linear for lin in layers) or any(map(_hooked, layers)):
+        return None
+    if not _one_input(layers):
+        return None
+    return product(x, *_stack(layers, pack=False))
 
 
 def qkv(attention: nn.Module, x: torch.Tensor) -> torch.Tensor | None:

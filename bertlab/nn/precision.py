@@ -84,9 +84,11 @@ def _quantize_rows(t: torch.Tensor, own: bool = False) -> tuple[torch.Tensor, to
 
 class Int8Weight(NamedTuple):
     """An int8 weight as the product reads it: (in, out) int8, one scale per column, and the
-    inverse smoothing 1/s (in,) that x is multiplied by before it is rounded (or None)."""
+    inverse smoothing 1/s (in,) that x is multiplied by before it is rounded (or None). The
+    (in, out) matrix is the transposed view of an (out, in) one: oneDNN's int8 kernel reads
+    that layout fastest (at 26 tokens, 12.6 against 17.6 us for a 384 x 384 product)."""
 
-    int8: torch.Tensor  # (in, out)
+    int8: torch.Tensor  # (in, out), a view of (out, in) memory
     scale: torch.Tensor  # (out,) float32
     unsmooth: torch.Tensor | None = None  # (in,) float32
 
@@ -123,16 +125,15 @@ class Int8Linear(nn.Module):
                 )
             w = w * smooth.float()
         weight, scale = _quantize_rows(w)
-        # (in, out): the layout the int8 product reads
-        self.register_buffer("weight_int8", weight.t().contiguous())
+        self.register_buffer("weight_int8", weight)  # (out, in), as nn.Linear keeps it
         self.register_buffer("weight_scale", scale.squeeze(1))  # (out,)
         unsmooth = None if smooth is None else smooth.float().reciprocal()
-        self.register_buffer("unsmooth", unsmooth)
+        self.register_buffer("unsmooth", unsmooth)  # (quantize_int8: one tensor per group)
         bias = None if linear.bias is None else linear.bias.detach().float().clone()
         self.register_buffer("bias", bias)
 
     def int8_weight(self) -> Int8Weight:
-        return Int8Weight(self.weight_int8, self.weight_scale, self.unsmooth)
+        return Int8Weight(self.weight_int8.t(), self.weight_scale, self.unsmooth)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.device.type != "cpu":
@@ -325,13 +326,17 @@ def quantize_int8(
                         strength.update({n: alpha for n in group})
     kept: dict[str, str] = {}
     quantized = []
+    shared: dict[int, torch.Tensor] = {}  # a group's smoothing -> its one inverse tensor
     for name, lin in _linears(q).items():
         if any(p.fullmatch(name) for p in patterns):
             kept[name] = "asked (keep=)"
         elif errors.get(name, 0.0) > tolerance:
             kept[name] = f"int8 error {errors[name]:.3f} > tolerance {tolerance}"
         else:
-            _set(q, name, Int8Linear(lin, factors.get(name)))
+            layer = Int8Linear(lin, factors.get(name))
+            if name in factors:  # the layers of a group share one tensor: one product (fused)
+                layer.unsmooth = shared.setdefault(id(factors[name]), layer.unsmooth)
+            _set(q, name, layer)
             quantized.append(name)
     report: dict[str, Any] = {
         "int8": quantized,
