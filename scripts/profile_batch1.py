@@ -2,11 +2,13 @@
 latency over 200 calls and torch.profiler's operator table over 50. Prints both; the before and
 after of the batch-1 work are kept in benchmarks/ (batch1-profile-*.txt).
 
-    python scripts/profile_batch1.py [--threads 2] [--dtype float32|bfloat16] [--compiled]
+    python scripts/profile_batch1.py [--threads 2] [--dtype float32|bfloat16|int8] [--compiled]
 
+int8 is the model quantize_int8 makes, calibrated as ``bertlab bench runtimes`` calibrates it.
 ``--compiled`` times bertlab.nn.compiled.Compiled(model) instead. Its graph's kernels are called
 from C++, out of the profiler's sight, so the operator table is taken on a second graph built
-without the C++ wrapper (the same kernels, called from Python).
+without the C++ wrapper (the same kernels, called from Python, each generated one named in the
+table).
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from bertlab import BertModel, BertTokenizer
+from bertlab.bench.runtimes import calibration_batches
 from bertlab.bench.speed import machine
 from bertlab.nn import compiled
 from bertlab.nn.compiled import Compiled
+from bertlab.nn.precision import quantize_int8
 
 SENTENCE = (
     "The European Commission said on Thursday it disagreed with German advice to consumers "
@@ -32,12 +36,15 @@ SENTENCE = (
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "int8"])
     p.add_argument("--compiled", action="store_true", help="time Compiled(model)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     tok = BertTokenizer.from_pretrained("default")
-    model = BertModel.from_pretrained("default", dtype=args.dtype, add_pooling_layer=False)
+    dtype = "float32" if args.dtype == "int8" else args.dtype
+    model = BertModel.from_pretrained("default", dtype=dtype, add_pooling_layer=False)
+    if args.dtype == "int8":
+        model = quantize_int8(model, calibrate=calibration_batches(tok))
     batch = tok(SENTENCE, return_tensors="pt")
     run = Compiled(model) if args.compiled else model
     with torch.inference_mode():
@@ -49,7 +56,7 @@ def main() -> None:
             run(**batch)
             times.append(time.perf_counter() - start)
         if args.compiled:  # the same graph with its kernels called from Python, to see them
-            compiled.OPTIONS["cpp_wrapper"] = False
+            compiled.OPTIONS.update({"cpp_wrapper": False, "cpp.enable_kernel_profile": True})
             run = Compiled(model)
             for _ in range(20):
                 run(**batch)

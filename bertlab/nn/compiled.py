@@ -81,7 +81,7 @@ TUNED = {
     "autotune_num_choices_displayed": 0,  # (inductor prints its timings otherwise)
     "max_autotune_report_choices_stats": False,
 }
-PRECISION_OPTIONS = {"bfloat16": {**OPTIONS, **TUNED}}
+PRECISION_OPTIONS = {"bfloat16": TUNED}  # added to OPTIONS
 # inductor's timing of its choices reads a deprecated storage API (its own code, not the model's)
 warnings.filterwarnings(
     "ignore", "TypedStorage is deprecated", UserWarning, r"torch\._inductor\.select_algorithm"
@@ -152,7 +152,7 @@ class Compiled:
         self.model = model
         self.precision = _precision(model)
         self._limit = PADDING_LIMIT.get(self.precision, 0.0)
-        self._options = PRECISION_OPTIONS.get(self.precision, OPTIONS)
+        self._options = {**OPTIONS, **PRECISION_OPTIONS.get(self.precision, {})}
         self._signature = inspect.signature(model.forward)
         self._graph = torch.compile(model, dynamic=dynamic, isolate_recompiles=True)
         self._tensors: list[torch.Tensor] | None = None  # the weights the graph was built on
