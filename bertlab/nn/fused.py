@@ -161,18 +161,21 @@ def _sources(layer: nn.Module) -> tuple[torch.Tensor | None, ...]:
 
 def _one_input(layers: Group) -> bool:
     """Layers that can run as one product: all float, or all int8 with the same smoothing (the
-    input is divided by it once, before it is rounded). quantize_int8 gives a group one shared
-    smoothing tensor; other equal ones are compared by value, except while tracing (a traced
-    graph cannot depend on values)."""
+    input is divided by it once, before it is rounded): layers quantize_int8 smoothed as one
+    group (``smoothing_group``), or equal smoothings compared by value, except while tracing (a
+    traced graph cannot depend on values)."""
     from bertlab.nn.precision import Int8Linear
 
     int8 = {isinstance(lin, Int8Linear) for lin in layers}
     if int8 != {True}:
         return int8 == {False}
     first = layers[0].unsmooth
-    if all(lin.unsmooth is first for lin in layers):
+    if first is None:
+        return all(lin.unsmooth is None for lin in layers)
+    group = layers[0].smoothing_group
+    if group is not None and all(lin.smoothing_group == group for lin in layers):
         return True
-    if first is None or tracing():
+    if tracing():
         return False
     return all(lin.unsmooth is not None and torch.equal(lin.unsmooth, first) for lin in layers)
 

@@ -128,7 +128,11 @@ class Int8Linear(nn.Module):
         self.register_buffer("weight_int8", weight)  # (out, in), as nn.Linear keeps it
         self.register_buffer("weight_scale", scale.squeeze(1))  # (out,)
         unsmooth = None if smooth is None else smooth.float().reciprocal()
-        self.register_buffer("unsmooth", unsmooth)  # (quantize_int8: one tensor per group)
+        self.register_buffer("unsmooth", unsmooth)
+        # quantize_int8 names the group of layers whose one smoothing this layer shares (the
+        # first layer's name): a traced graph, which cannot compare values, runs a group as one
+        # product. None for a layer built on its own.
+        self.smoothing_group: str | None = None
         bias = None if linear.bias is None else linear.bias.detach().float().clone()
         self.register_buffer("bias", bias)
 
@@ -311,6 +315,7 @@ def quantize_int8(
     errors: dict[str, float] = {}
     factors: dict[str, torch.Tensor] = {}
     strength: dict[str, float] = {}
+    groups: list[list[str]] = []  # layers that read one input
     if calibrate is not None:
         batches = list(calibrate)
         errors = layer_errors(q, batches)
@@ -326,7 +331,7 @@ def quantize_int8(
                         strength.update({n: alpha for n in group})
     kept: dict[str, str] = {}
     quantized = []
-    shared: dict[int, torch.Tensor] = {}  # a group's smoothing -> its one inverse tensor
+    group_of = {n: group[0] for group in groups for n in group}  # layer -> its group's first
     for name, lin in _linears(q).items():
         if any(p.fullmatch(name) for p in patterns):
             kept[name] = "asked (keep=)"
@@ -334,8 +339,8 @@ def quantize_int8(
             kept[name] = f"int8 error {errors[name]:.3f} > tolerance {tolerance}"
         else:
             layer = Int8Linear(lin, factors.get(name))
-            if name in factors:  # the layers of a group share one tensor: one product (fused)
-                layer.unsmooth = shared.setdefault(id(factors[name]), layer.unsmooth)
+            if name in factors:  # a group is smoothed as one (by the same s) or not at all
+                layer.smoothing_group = group_of[name]
             _set(q, name, layer)
             quantized.append(name)
     report: dict[str, Any] = {
