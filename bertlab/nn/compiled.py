@@ -72,9 +72,10 @@ from bertlab.nn.precision import Int8Linear
 OPTIONS = {"freezing": True, "cpp_wrapper": True, "cpp.enable_concat_linear": True}
 # bfloat16 products also try inductor's own C++ matrix kernels (AMX tiles where the CPU has them,
 # AVX512-BF16 where not) beside oneDNN's, timed on the spot as each graph compiles, each product
-# taking the faster. On the bundled model, 2-core Sapphire Rapids, 2 threads: 1 x 26 tokens
-# 2.33 -> 1.78 ms, 32 x 18 tokens 41,300 -> 47,700 tokens/s, compiling 14 -> 33 s. In float32
-# the same gained 4% for twice the compile time, so float32 keeps oneDNN's.
+# taking the faster. On the bundled model, 2-core Sapphire Rapids, 2 threads, one untuned run
+# and four tuned ones (the choices are timed, so they vary): 1 x 26 tokens 2.33 -> 1.78-1.93 ms,
+# 32 x 18 tokens 41,300 -> 41,400-47,700 tokens/s; compiling 14 -> 33-43 s. In float32 the
+# same gained about 4% for twice the compile time, so float32 keeps oneDNN's.
 TUNED = {
     "max_autotune": True,
     "max_autotune_gemm_backends": "CPP,ATEN",
