@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bertlab.bench.speed import SAMPLES, alternate, machine
+from bertlab.bench.speed import alternate, machine
 from bertlab.data import sample_sentences
 
 WORKLOADS = ("file-order", "sorted", "batch-1")
@@ -72,8 +72,7 @@ def runtime_texts(data_dir: str | os.PathLike | None = None) -> tuple[list[str],
             else:
                 words.append(line.split(" ", 1)[0])
         return texts[:TEXTS], f"{path}: CoNLL-2003 train sentences (news), the first {TEXTS}"
-    lines = (SAMPLES / "sst2_train.tsv").read_text(encoding="utf-8").splitlines()[1:]
-    texts = [line.split("\t")[0] for line in lines][:TEXTS]
+    texts = sample_sentences(TEXTS, "sst2_train.tsv")
     return texts, f"bertlab's bundled SST-2 sample, the first {TEXTS} sentences"
 
 

@@ -65,7 +65,8 @@ from bertlab.bench.load import (
     run_phase,
     running,
 )
-from bertlab.bench.speed import SAMPLES, machine
+from bertlab.bench.speed import machine
+from bertlab.data import sample_sentences
 
 SYSTEMS = ("bertlab", "fastapi-st", "infinity")
 WORKLOADS = ("batch1", "batch256", "overload", "memory")
@@ -166,11 +167,7 @@ def infinity_spec(
 # ============================================================================ the load
 def serve_texts() -> list[str]:
     """The bundled SST-2 sentences: dev, then train, in file order."""
-    texts = []
-    for name in ("sst2_dev.tsv", "sst2_train.tsv"):
-        lines = (SAMPLES / name).read_text(encoding="utf-8").splitlines()[1:]
-        texts += [line.split("\t")[0].strip() for line in lines if line.strip()]
-    return texts
+    return sample_sentences(name="sst2_dev.tsv") + sample_sentences(name="sst2_train.tsv")
 
 
 # ============================================================================ the benchmark
