@@ -3,6 +3,7 @@ latency over 200 calls and torch.profiler's operator table over 50. Prints both;
 after of the batch-1 work are kept in benchmarks/ (batch1-profile-*.txt).
 
     python scripts/profile_batch1.py [--threads 2] [--dtype float32|bfloat16|int8] [--compiled]
+        [--batch 1]
 
 int8 is the model quantize_int8 makes, calibrated as ``bertlab bench runtimes`` calibrates it.
 ``--compiled`` times bertlab.nn.compiled.Compiled(model) instead. Its graph's kernels are called
@@ -38,6 +39,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "int8"])
     p.add_argument("--compiled", action="store_true", help="time Compiled(model)")
+    p.add_argument("--batch", type=int, default=1, help="the sentence this many times (1)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     tok = BertTokenizer.from_pretrained("default")
@@ -45,7 +47,9 @@ def main() -> None:
     model = BertModel.from_pretrained("default", dtype=dtype, add_pooling_layer=False)
     if args.dtype == "int8":
         model = quantize_int8(model, calibrate=calibration_batches(tok))
-    batch = tok(SENTENCE, return_tensors="pt")
+    if args.batch < 1:
+        p.error(f"--batch must be at least 1, got {args.batch}")
+    batch = tok([SENTENCE] * args.batch, return_tensors="pt")
     run = Compiled(model) if args.compiled else model
     with torch.inference_mode():
         for _ in range(20):
@@ -67,7 +71,7 @@ def main() -> None:
     how = ", compiled" if args.compiled else ""
     print(f"{m['cpu']}, {args.threads} threads, torch {m['torch']}, {args.dtype}{how}")
     print(
-        f"1 x {batch['input_ids'].shape[1]} tokens: median {statistics.median(times) * 1e3:.2f} ms"
+        f"{args.batch} x {batch['input_ids'].shape[1]} tokens: median {statistics.median(times) * 1e3:.2f} ms"
     )
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
 

@@ -12,6 +12,7 @@ from bertlab import (
     BertForTokenClassification,
     BertModel,
 )
+from bertlab.nn import attention
 from bertlab.nn.compiled import PADDING_LIMIT, Compiled
 from bertlab.nn.precision import bf16_supported, quantize_int8
 
@@ -105,6 +106,59 @@ def test_every_head_compiles_to_the_eager_results(head):
     for name in names:
         assert (getattr(got, name) - getattr(want, name)).abs().max() < 1e-5
     assert fast.calls["compiled"] == 1
+
+
+def test_aligned_attention_pads_the_keys_to_16_and_equals_sdpa(monkeypatch):
+    g = torch.Generator().manual_seed(4)
+    seen = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, **kw):
+        seen.append((k.shape[-2], v.shape[-2], None if attn_mask is None else attn_mask.shape))
+        return sdpa(q, k, v, attn_mask=attn_mask, **kw)
+
+    for length in (1, 9, 16, 17, 33):
+        q, k, v = (torch.randn(3, 4, length, 8, generator=g) for _ in range(3))
+        mask = torch.ones(3, length, dtype=torch.bool)
+        mask[1, (length + 1) // 2 :] = False  # a padded row
+        for m in (mask, None):
+            want = attention.sdpa_attention(q, k, v, m, 0.0, False)[0]
+            with monkeypatch.context() as patch:
+                patch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+                got, probs = attention.aligned_attention(q, k, v, m, 0.0, False)
+            keys = -(-length // 16) * 16
+            assert seen.pop() == (keys, keys, (3 if m is not None else 1, 1, 1, keys))
+            assert probs is None and got.shape == want.shape
+            assert (got - want).abs().max() < 1e-6, (length, m is None)
+        # asked for the probabilities, it runs the written-out equation, on the keys given
+        got, probs = attention.aligned_attention(q, k, v, mask, 0.0, True)
+        assert probs.shape == (3, 4, length, length) and not seen
+
+
+def test_compiled_graphs_run_aligned_attention_and_exported_ones_sdpa(base, monkeypatch):
+    model, fast = base
+    kernels = []
+    for name in ("sdpa", "aligned"):
+        kernel = attention.BACKENDS[name]
+        monkeypatch.setitem(
+            attention.BACKENDS, name, lambda *a, _k=kernel, _n=name: kernels.append(_n) or _k(*a)
+        )
+    x = ids(2, 17, seed=5)
+    mask = torch.ones_like(x)
+    mask[1, 15:] = 0  # 2 of 34 positions padding: under float32's limit, so compiled
+    assert 2 / 34 <= PADDING_LIMIT["float32"]
+    with torch.no_grad():
+        got = torch.compile(model, dynamic=True, backend="eager")(x, mask).last_hidden_state
+        assert set(kernels) == {"aligned"}
+        want = model(x, mask).last_hidden_state
+        real = mask.bool()
+        assert (got[real] - want[real]).abs().max() < 1e-5
+        before = fast.calls["compiled"]
+        assert (fast(x, mask).last_hidden_state[real] - want[real]).abs().max() < 1e-5
+        assert fast.calls["compiled"] == before + 1
+        kernels.clear()
+        torch.export.export(model, (x, mask))  # exported graphs keep the plain equation
+    assert set(kernels) == {"sdpa"}
 
 
 def test_changed_weights_are_refused_not_used():

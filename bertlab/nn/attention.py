@@ -2,7 +2,7 @@
 
     kernel(q, k, v, layout, dropout_p, need_weights) -> (context, probs or None)
 
-Padded kernels ("eager", "sdpa"):
+Padded kernels ("eager", "sdpa", "aligned"):
     q, k, v: (B, A, T, D)  queries, keys, values per head (A heads of size D)
     layout:  (B, T) bool, True where a key is a real token, or None when there is no padding
     context: (B, A, T, D)  softmax(q k^T / sqrt(D) + mask) v
@@ -15,8 +15,9 @@ The packed kernel ("packed"):
 
 The kernel is named once, by the config's attn_implementation; BertModel puts it in the batch's
 layout (packing.enter), and every attention layer calls ``BACKENDS[layout.kernel]``. Under
-torch.compile and torch.export the "packed" name runs the padded "sdpa" kernel (one graph with
-dynamic batch and length; the same numbers at real tokens): packing.py's docstring says why.
+torch.compile the "packed" name runs the padded "aligned" kernel, and under torch.export and ONNX
+export the padded "sdpa" kernel (one graph with dynamic batch and length; the same numbers at
+real tokens): packing.py's docstring says why.
 
 Padding keys get a score of the dtype's most negative value, so their probability is exactly 0
 (as in the reference implementation) and a padded row equals the same sequence alone.
@@ -29,7 +30,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from bertlab.nn.packing import Packing, WindowGroup
+from bertlab.nn.packing import WINDOW_ALIGN, Packing, WindowGroup
 
 try:  # variable-length flash attention (CUDA, half precision), in recent PyTorch
     from torch.nn.attention.varlen import varlen_attn
@@ -74,6 +75,34 @@ def sdpa_attention(
         return eager_attention(q, k, v, mask, dropout_p, need_weights)
     attn_mask = None if mask is None else mask[:, None, None, :]  # (B, 1, 1, T) bool
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p), None
+
+
+def aligned_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    dropout_p: float,
+    need_weights: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``sdpa_attention`` over keys and values padded to a multiple of WINDOW_ALIGN, the added
+    keys masked out: the same numbers, faster on the CPU. PyTorch's CPU attention kernel runs a
+    key length just short of a multiple of its block at up to 4x the time of the multiple (32
+    sentences x 12 heads, 15 keys: 910 us in bfloat16, 744 us in float32; 16 keys: 300 and
+    184 us; 2-core Sapphire Rapids Xeon, 2 threads). The compiled graph runs this kernel
+    (packing.enter), where the padding is one fused copy of the keys and values; in eager mode
+    the copies cost more than they save at some sizes, and exported graphs keep the plain
+    equation that other runtimes recognise."""
+    if need_weights:
+        return eager_attention(q, k, v, mask, dropout_p, need_weights)
+    T = k.shape[-2]
+    pad = -T % WINDOW_ALIGN
+    k, v = F.pad(k, (0, 0, 0, pad)), F.pad(v, (0, 0, 0, pad))
+    if mask is None:
+        keys = (torch.arange(T + pad, device=q.device) < T)[None, None, None, :]
+    else:
+        keys = F.pad(mask, (0, pad))[:, None, None, :]  # (B, 1, 1, T + pad), False where added
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=keys, dropout_p=dropout_p), None
 
 
 def varlen_ok(q: torch.Tensor, dropout_p: float) -> bool:
@@ -162,5 +191,6 @@ def packed_attention(
 BACKENDS: dict[str, Kernel] = {
     "eager": eager_attention,
     "sdpa": sdpa_attention,
+    "aligned": aligned_attention,
     "packed": packed_attention,
 }

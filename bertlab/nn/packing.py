@@ -6,11 +6,13 @@
     hidden = layout.exit(x)         # (B, T, H) padded, or (N, H) packed without spare rows
     layout.pad(per_token_output)    # -> (B, T, ...), for the outputs a user sees
 
-Two layouts: ``Padded`` (the "eager" and "sdpa" kernels: (B, T, ...) with a (B, T) key mask)
+Two layouts: ``Padded`` (the "eager", "sdpa" and "aligned" kernels: (B, T, ...) with a (B, T)
+key mask)
 and ``Packing`` (the "packed" kernel, below).
 
-Under torch.compile, torch.export and ONNX export a packed model runs the padded layout with the
-"sdpa" kernel: the packed token count N is data (how many ones the mask holds), and a graph
+Under torch.compile, torch.export and ONNX export a packed model runs the padded layout, with the
+"aligned" kernel under torch.compile (keys padded to a multiple of WINDOW_ALIGN, as the packed
+kernel's windows are) and the "sdpa" kernel in exported graphs: the packed token count N is data (how many ones the mask holds), and a graph
 whose shapes follow it would be specialised or recompiled per batch. The padded computation
 gives the same numbers at the real tokens (tests/test_packed.py holds packed = sdpa there), so
 one graph with dynamic batch and sequence length serves every batch (tests/test_export.py).
@@ -35,11 +37,15 @@ import torch
 import torch.nn.functional as F
 
 
+def exporting() -> bool:
+    """True while torch.export or ONNX export traces the model."""
+    return bool(getattr(torch.compiler, "is_exporting", lambda: False)())
+
+
 def tracing() -> bool:
     """True while torch.compile, torch.export, ONNX export or torch.jit traces the model: then
     nothing may depend on the values in a tensor (data-dependent checks are skipped, a packed
     model runs padded)."""
-    exporting = getattr(torch.compiler, "is_exporting", lambda: False)
     return bool(torch.compiler.is_compiling() or exporting() or torch.jit.is_tracing())
 
 
@@ -283,9 +289,9 @@ class Packing:
 
 @dataclass(frozen=True)
 class Padded:
-    """The padded layout of the "eager" and "sdpa" kernels: tensors stay (B, T, ...)."""
+    """The padded layout of the "eager", "sdpa" and "aligned" kernels: tensors stay (B, T, ...)."""
 
-    kernel: str  # "eager" or "sdpa" (attention.BACKENDS)
+    kernel: str  # "eager", "sdpa" or "aligned" (attention.BACKENDS)
     mask: torch.Tensor | None  # (B, T) bool, True at real tokens; None: no padding
 
     @property
@@ -340,7 +346,8 @@ def enter(
     if kernel == "packed" and not tracing():
         return Packing.from_mask(mask, batch, seq_len, device, spare_rows)
     if kernel == "packed":
-        kernel = "sdpa"
+        compiling = torch.compiler.is_compiling() and not exporting()
+        kernel = "aligned" if compiling else "sdpa"
     if mask is None:
         return Padded(kernel, None)
     mask = mask.bool()
