@@ -176,6 +176,23 @@ def test_changed_weights_are_refused_not_used():
         assert (got - model(input_ids=x).last_hidden_state).abs().max() < 1e-5
 
 
+def test_a_changed_config_is_refused_and_one_program_serves_every_shape():
+    torch.manual_seed(3)
+    model = BertForSequenceClassification(CFG).eval()
+    fast = Compiled(model)
+    with torch.no_grad():
+        for shape in ((1, 1), (1, 13), (4, 2), (5, 20)):  # built on the first, for all
+            x = ids(*shape, seed=sum(shape))
+            want, got = model(input_ids=x).logits, fast(input_ids=x).logits
+            assert got.shape == want.shape and (got - want).abs().max() < 1e-5
+        assert len(fast._programs) == 1 and fast.calls["compiled"] == 4
+        model.config.output_hidden_states = True  # the program returns no hidden states
+        with pytest.raises(RuntimeError, match=r"config changed .*\(output_hidden_states\)"):
+            fast(input_ids=x)
+        model.config.output_hidden_states = False  # as it was built: answered again
+        assert (fast(input_ids=x).logits - want).abs().max() < 1e-5
+
+
 def test_int8_models_compile_within_int8_tolerance_of_their_eager_run():
     torch.manual_seed(3)
     model = BertModel(CFG).eval()

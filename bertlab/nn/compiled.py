@@ -1,24 +1,34 @@
-"""Compiled inference for short inputs: the whole forward pass as one graph of C++ kernels, run
+"""Compiled inference for short inputs: the whole forward pass as one program of C++ kernels, run
 without Python between operations.
 
 At one short sentence the eager model spends a third of its time in Python (the module calls,
 the tensor bookkeeping of each operation): on the bundled 6-layer model, 2 threads, about 1.2 ms
-of 4.0 ms at 21 tokens in float32. ``Compiled(model)`` removes it with ``torch.compile``:
+of 4.0 ms at 21 tokens in float32. ``Compiled(model)`` removes it. On its first call it exports
+the model (``torch.export``, batch and sequence length dynamic) and compiles the exported graph
+ahead of time into a shared library (AOTInductor), which it then calls directly:
 
-* ``freezing``: the weights are constants of the graph, so they are packed once into the
-  layout the matrix kernels read and folded where they can be;
-* ``cpp_wrapper``: the graph's kernels are called from generated C++, not from Python;
+* ``freezing``: the weights are constants of the program, packed once into the layout the
+  matrix kernels read and folded where they can be;
 * ``cpp.enable_concat_linear``: the query, key and value projections as one product;
-* ``dynamic``: one graph for every sequence length (and one for batches of more than one).
+* attention runs on keys padded to a multiple of 16 (the "aligned" kernel, attention.py);
+* one program for every batch size and sequence length (one per set of inputs given: ids
+  alone, ids and mask, ...).
 
     fast = Compiled(model)        # nothing is compiled yet
     out = fast(input_ids)         # the first call compiles (seconds); later ones reuse it
 
-A compiled graph computes the padded layout: it has no packed (unpadded) kernel, so it spends
+An earlier version ran the graph through ``torch.compile``. Its guards (about 750 checks of the
+model's modules and settings, made on every call) and its wrapper cost 0.2 ms a call in float32
+and 0.4-0.5 ms in bfloat16 and int8; called directly, the same kernels answer one 14-token
+sentence in 978 instead of 1,510 us in int8 and 969 instead of 1,345 us in bfloat16 (2-core
+Sapphire Rapids Xeon, 2 threads). What those guards watched, ``Compiled`` checks itself, or
+refuses (below).
+
+A compiled program computes the padded layout: it has no packed (unpadded) kernel, so it spends
 work on padding that the model's packed forward skips. ``Compiled`` runs it where it is faster
 all the same, and the model's own forward everywhere else:
 
-    compiled graph   no gradient, eval mode, CPU inputs, only the inputs (input_ids,
+    compiled program no gradient, eval mode, CPU inputs, only the inputs (input_ids,
                      attention_mask, token_type_ids, position_ids) given, and at most
                      PADDING_LIMIT of the batch's positions padding (none for a single text)
     the model        anything else: batches with more padding run packed, training, labels,
@@ -35,19 +45,17 @@ bfloat16, 1.0-1.2x in float32; with 37-38%, 1.3-1.4x, 1.1-1.2x and 0.75-0.8x; wi
 1.1x, 0.8-0.9x and 0.6x; past 50% slower in all three. The limits sit below the break-even
 points those figures give (about 48%, 40% and 22%).
 
-Hooks on the model's modules are traced into the graph as torch.compile traces them; to watch
-a layer (dissect, explore), call the model itself.
+The program is the model as it was when it was built. The input checks (checks.py) run before
+it too, so a bad token id gets the same error. If a weight changes afterwards (a cast, a move, an
+in-place write such as load_state_dict or an optimizer step) or the model's config does (an
+output option, the attention kernel), the next call is refused with an error saying to build a
+new ``Compiled``, never answered from the old program. Hooks on the model's modules when it is
+built are traced into the program; hooks added later are not seen: to watch a layer (dissect,
+explore), call the model itself. Results equal the eager model's within the dtype's tolerance
+(tests/test_compiled.py). The program's kernels are generated for the thread count set when it
+compiles (``torch.set_num_threads`` before the first call).
 
-The input checks (checks.py) run before the compiled graph too, so a bad token id gets the same
-error. The weights are read when the graph is built. If any changes afterwards (a cast, a move,
-an in-place write such as load_state_dict or an optimizer step), the next call is refused with
-an error saying to build a new ``Compiled``, never answered from the old weights; each
-``Compiled`` keeps graphs of its own (``isolate_recompiles``), so a new one reads the new weights.
-Results equal the eager model's within the dtype's tolerance (tests/test_compiled.py).
-The graph's own kernels are generated for the thread count set when it compiles
-(``torch.set_num_threads`` before the first call).
-
-Compiling needs a C++ compiler (``torch.compile``'s CPU backend) and Python's C headers;
+Compiling needs a C++ compiler (inductor's CPU backend) and Python's C headers;
 ``Compiled.available()`` says which is missing where one is, and ``Compiled(model)`` refuses
 with that reason before any work. The pipelines take ``compile=True`` (pipelines/base.py).
 """
@@ -57,24 +65,24 @@ from __future__ import annotations
 import inspect
 import shutil
 import sysconfig
+import tempfile
 import warnings
+import weakref
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
-from torch._inductor import config as inductor_config
+from torch.export import Dim
 
 from bertlab.nn.checks import check_inputs
+from bertlab.nn.packing import aligned_export
 from bertlab.nn.precision import Int8Linear
 
-# torch.compile's inductor settings for this path, set around each call of the graph (which may
-# trace and compile) and restored after it: nothing global is changed. Freezing must hold while
-# the model is traced, not only while inductor compiles: given as torch.compile(options=...), it
-# is not applied.
-OPTIONS = {"freezing": True, "cpp_wrapper": True, "cpp.enable_concat_linear": True}
+# inductor's settings for the ahead-of-time compile (given to it, nothing global is changed).
+OPTIONS = {"freezing": True, "cpp.enable_concat_linear": True}
 # bfloat16 products also try inductor's own C++ matrix kernels (AMX tiles where the CPU has them,
-# AVX512-BF16 where not) beside oneDNN's, timed on the spot as each graph compiles, each product
+# AVX512-BF16 where not) beside oneDNN's, timed on the spot as each program compiles, each product
 # taking the faster. On the bundled model, 2-core Sapphire Rapids, 2 threads, one untuned run
 # and four tuned ones (the choices are timed, so they vary): 1 x 26 tokens 2.33 -> 1.78-1.93 ms,
 # 32 x 18 tokens 41,300 -> 41,400-47,700 tokens/s; compiling 14 -> 33-43 s. In float32 the
@@ -86,10 +94,6 @@ TUNED = {
     "max_autotune_report_choices_stats": False,
 }
 PRECISION_OPTIONS = {"bfloat16": TUNED}  # added to OPTIONS
-# inductor's timing of its choices reads a deprecated storage API (its own code, not the model's)
-warnings.filterwarnings(
-    "ignore", "TypedStorage is deprecated", UserWarning, r"torch\._inductor\.select_algorithm"
-)
 INPUTS = frozenset(("input_ids", "attention_mask", "token_type_ids", "position_ids"))
 # the largest share of padded positions at which a batch runs compiled, by the products' precision
 PADDING_LIMIT = {"int8": 0.4, "bfloat16": 0.3, "float32": 0.15}
@@ -127,27 +131,12 @@ def length_groups(lengths: list[int], limit: float, max_rows: int | None = None)
     return groups
 
 
-_READ = object()
-
-
-def _setting(name: str, value: Any = _READ) -> Any:
-    """Read (no value) or set one inductor setting by its dotted name."""
-    *path, leaf = name.split(".")
-    owner = inductor_config
-    for part in path:
-        owner = getattr(owner, part)
-    if value is _READ:
-        return getattr(owner, leaf)
-    setattr(owner, leaf, value)
-    return value
-
-
 class Compiled:
     """``model``'s forward compiled for inference on inputs with little padding; the model itself
     for the rest. Call it as the model is called; ``.model`` is the model, ``.calls`` counts the
     calls each path answered."""
 
-    def __init__(self, model: nn.Module, dynamic: bool = True):
+    def __init__(self, model: nn.Module):
         if not isinstance(model, nn.Module) or not hasattr(model, "config"):
             raise TypeError(f"Compiled takes a bertlab model, got {type(model).__name__}")
         why = self.available()
@@ -158,9 +147,11 @@ class Compiled:
         self._limit = PADDING_LIMIT.get(self.precision, 0.0)
         self._options = {**OPTIONS, **PRECISION_OPTIONS.get(self.precision, {})}
         self._signature = inspect.signature(model.forward)
-        self._graph = torch.compile(model, dynamic=dynamic, isolate_recompiles=True)
-        self._tensors: list[torch.Tensor] | None = None  # the weights the graph was built on
+        self._programs: dict[tuple, Any] = {}  # by the inputs given and their dtypes
+        self._folder: Path | None = None  # where the compiled programs are kept
+        self._tensors: list[torch.Tensor] | None = None  # the weights the program was built on
         self._stamp: list | None = None
+        self._config: dict[str, Any] | None = None  # the config the program was built with
         self.calls = {"compiled": 0, "eager": 0}  # how many calls each path answered
 
     def groups(self, lengths: list[int], max_rows: int | None = None) -> list[list[int]]:
@@ -170,7 +161,7 @@ class Compiled:
 
     @staticmethod
     def available() -> str | None:
-        """None where torch.compile can build CPU kernels here, else why it cannot."""
+        """None where inductor can build CPU kernels here, else why it cannot."""
         from torch._inductor import cpp_builder
 
         try:
@@ -199,20 +190,46 @@ class Compiled:
         check_inputs(self.model.config, inputs["input_ids"], inputs.get("attention_mask"),
                      inputs.get("token_type_ids"), inputs.get("position_ids"), None)  # fmt: skip
         self._check_weights()
+        key = tuple((k, inputs[k].dtype) for k in sorted(inputs))  # one program per kind of call
+        program = self._programs.get(key)
+        if program is None:
+            program = self._programs[key] = self._build(inputs)
         self.calls["compiled"] += 1
-        saved = {k: _setting(k) for k in self._options}
-        try:  # (config.patch does the same, at four times the cost per call)
-            for k, v in self._options.items():
-                _setting(k, v)
-            return self._graph(**inputs)
-        finally:
-            for k, v in saved.items():
-                _setting(k, v)
+        return program(**inputs)
+
+    def _build(self, inputs: dict[str, torch.Tensor]) -> Any:
+        """Export the model for the inputs given (batch and length dynamic; traced on a batch
+        of 2 x 8, since a size of 1 would be fixed in the program) and compile it ahead of
+        time. The attention is the "aligned" kernel (packing.aligned_export)."""
+        from torch._inductor import aoti_compile_and_package, aoti_load_package
+
+        length = min(8, int(self.model.config.max_position_embeddings))
+        example = {}
+        for name, given in inputs.items():
+            if name == "position_ids":
+                example[name] = torch.arange(length, dtype=given.dtype).expand(2, length)
+            else:  # ids, mask (all real tokens), token types: 1, 1, 0
+                value = int(name != "token_type_ids")
+                example[name] = torch.full((2, length), value, dtype=given.dtype)
+        dims = {name: {0: Dim.DYNAMIC, 1: Dim.DYNAMIC} for name in inputs}
+        if self._folder is None:
+            self._folder = Path(tempfile.mkdtemp(prefix="bertlab-compiled-"))
+            weakref.finalize(self, shutil.rmtree, self._folder, ignore_errors=True)
+        package = self._folder / f"program-{len(self._programs)}.pt2"
+        with aligned_export(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # (export's notes on its own API)
+            # inductor's timing of its choices reads a deprecated storage API (its own code)
+            warnings.filterwarnings("ignore", "TypedStorage is deprecated", UserWarning)
+            program = torch.export.export(self.model, (), example, dynamic_shapes=dims)
+            aoti_compile_and_package(
+                program, package_path=str(package), inductor_configs=self._options
+            )
+        return aoti_load_package(str(package))
 
     def _compilable(self, arguments: dict[str, Any]) -> bool:
-        """True when the compiled graph gives the model's results (within the dtype's tolerance)
-        faster than the model (the table in the module's text). A model moved off the CPU after
-        the graph was built is caught by _check_weights."""
+        """True when the compiled program gives the model's results (within the dtype's
+        tolerance) faster than the model (the table in the module's text). A model moved off the
+        CPU after the program was built is caught by _check_weights."""
         if torch.is_grad_enabled() or self.model.training:
             return False
         ids, mask = arguments.get("input_ids"), arguments.get("attention_mask")
@@ -228,20 +245,28 @@ class Compiled:
         return 1 - int(mask.count_nonzero()) / mask.numel() <= self._limit
 
     def _check_weights(self) -> None:
-        """The graph holds the weights it was built on: refuse to answer from stale ones. The
-        tensors are listed once (walking the modules costs more than the check): a cast, a move
-        or an in-place write (load_state_dict, an optimizer step) changes their pointer or
-        version counter."""
+        """The program holds the weights and config it was built on: refuse to answer from
+        stale ones. The tensors are listed once (walking the modules costs more than the check):
+        a cast, a move or an in-place write (load_state_dict, an optimizer step) changes their
+        pointer or version counter."""
         if self._tensors is None:
             self._tensors = [*self.model.parameters(), *self.model.buffers()]
         try:
             stamp = [(t.data_ptr(), t._version) for t in self._tensors]
         except RuntimeError:  # inference tensors keep no version counter: their pointers
             stamp = [(t.data_ptr(), 0) for t in self._tensors]
+        config = {k: v for k, v in vars(self.model.config).items() if not k.startswith("_")}
         if self._stamp is None:
-            self._stamp = stamp
+            self._stamp, self._config = stamp, config
         elif stamp != self._stamp:
             raise RuntimeError(
-                "the model's weights changed after it was compiled; the compiled graph holds "
+                "the model's weights changed after it was compiled; the compiled program holds "
                 "the old ones: build a new Compiled(model)"
+            )
+        elif config != self._config:
+            keys = {*config, *self._config}
+            changed = sorted(k for k in keys if config.get(k, self) != self._config.get(k, self))
+            raise RuntimeError(
+                f"the model's config changed after it was compiled ({', '.join(changed)}); the "
+                "compiled program was built for the old one: build a new Compiled(model)"
             )

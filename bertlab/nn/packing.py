@@ -10,12 +10,14 @@ Two layouts: ``Padded`` (the "eager", "sdpa" and "aligned" kernels: (B, T, ...) 
 key mask)
 and ``Packing`` (the "packed" kernel, below).
 
-Under torch.compile, torch.export and ONNX export a packed model runs the padded layout, with the
-"aligned" kernel under torch.compile (keys padded to a multiple of WINDOW_ALIGN, as the packed
-kernel's windows are) and the "sdpa" kernel in exported graphs: the packed token count N is data (how many ones the mask holds), and a graph
-whose shapes follow it would be specialised or recompiled per batch. The padded computation
-gives the same numbers at the real tokens (tests/test_packed.py holds packed = sdpa there), so
-one graph with dynamic batch and sequence length serves every batch (tests/test_export.py).
+Under torch.compile, torch.export and ONNX export a packed model runs the padded layout: the
+packed token count N is data (how many ones the mask holds), and a graph whose shapes follow it
+would be specialised or recompiled per batch. The padded computation gives the same numbers at
+the real tokens (tests/test_packed.py holds packed = sdpa there), so one graph with dynamic batch
+and sequence length serves every batch (tests/test_export.py). Its attention is the "aligned"
+kernel under torch.compile and in the programs bertlab compiles itself (keys padded to a
+multiple of WINDOW_ALIGN, as the packed kernel's windows are; ``aligned_export``), and the plain
+"sdpa" kernel in exported files.
 
 The packed (unpadded) layout:
 
@@ -30,7 +32,9 @@ and attention can run batched (``Packing.dense``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -40,6 +44,21 @@ import torch.nn.functional as F
 def exporting() -> bool:
     """True while torch.export or ONNX export traces the model."""
     return bool(getattr(torch.compiler, "is_exporting", lambda: False)())
+
+
+_ALIGNED = contextvars.ContextVar("bertlab_aligned_export", default=False)
+
+
+@contextlib.contextmanager
+def aligned_export() -> Iterator[None]:
+    """Within it, an exported packed model runs the "aligned" attention kernel, as torch.compile
+    does, instead of the plain "sdpa" one: for graphs that bertlab compiles itself
+    (nn/compiled.py), never for files that other runtimes read."""
+    token = _ALIGNED.set(True)
+    try:
+        yield
+    finally:
+        _ALIGNED.reset(token)
 
 
 def tracing() -> bool:
@@ -347,7 +366,7 @@ def enter(
         return Packing.from_mask(mask, batch, seq_len, device, spare_rows)
     if kernel == "packed":
         compiling = torch.compiler.is_compiling() and not exporting()
-        kernel = "aligned" if compiling else "sdpa"
+        kernel = "aligned" if compiling or _ALIGNED.get() else "sdpa"
     if mask is None:
         return Padded(kernel, None)
     mask = mask.bool()
