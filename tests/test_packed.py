@@ -28,7 +28,7 @@ from helpers import max_diff, scramble
 
 import bertlab
 import bertlab.nn.attention
-from bertlab.nn.packing import Packing
+from bertlab.nn.packing import SHARED_ROWS, Packing
 
 ATOL = 1e-5
 SIZES = dict(
@@ -648,36 +648,53 @@ def windows_for(lengths, rows=None, dtype=torch.float32):
     return p, p.windows(rows or p.total, dtype, "cpu")
 
 
-def test_attention_windows_hold_each_sequence_and_mask_out_the_rest():
-    lengths = (16, 127, 1, 33, 5)
+def block_mask(w, members):
+    """What a window's mask must be: 0 where a query and a key belong to the same sequence of
+    ``members`` (lengths, from window row w.own on) or where a borrowed row meets itself."""
+    want = torch.full((w.width, w.width), float("-inf"))
+    want.fill_diagonal_(0.0)
+    at = w.own
+    for m in members:
+        want[at : at + m, at : at + m] = 0.0
+        at += m
+    return want
+
+
+def test_attention_windows_hold_their_sequences_and_mask_out_the_rest():
+    lengths = (16, 127, 1, 33, 5, 7, 9, 20)
     p_rows = sum(lengths) + 3  # 3 spare rows at the end
     p, plan = windows_for(lengths, rows=p_rows)
-    assert [(w.start, w.n) for w in plan] == [(0, 16), (16, 127), (143, 1), (144, 33), (177, 5)]
-    for w in plan:
+    # 5, 7 and 9 tokens share one window (21 <= SHARED_ROWS); 1 + 33 and 21 + 20 would not fit
+    members = [(16,), (127,), (1,), (33,), (5, 7, 9), (20,)]
+    assert SHARED_ROWS == 32
+    starts = [0, 16, 143, 144, 177, 198]
+    want = [(s, sum(m)) for s, m in zip(starts, members, strict=True)]
+    assert [(w.start, w.n) for w in plan] == want
+    for w, m in zip(plan, members, strict=True):
         assert w.width == -(-w.n // 16) * 16  # rounded up to a multiple of 16
         assert 0 <= w.first <= w.start and w.first + w.width <= p_rows
         assert w.own == w.start - w.first
-        if w.width == w.n:
+        if w.width == w.n and len(m) == 1:
             assert w.mask is None  # already a multiple: its own rows, no mask
             continue
-        assert w.mask.shape == (1, 1, 1, w.width) and w.mask.dtype == torch.float32
-        own = torch.zeros(w.width, dtype=torch.bool)
-        own[w.own : w.own + w.n] = True
-        assert (w.mask.flatten()[own] == 0).all()
-        assert (w.mask.flatten()[~own] == float("-inf")).all()
-    # The last sequence cannot look ahead past row 185: its window moves back.
+        assert w.mask.shape == (1, 1, w.width, w.width) and w.mask.dtype == torch.float32
+        assert torch.equal(w.mask[0, 0], block_mask(w, m))
+    # The last window cannot look ahead past row 220: it moves back.
     assert plan[-1].first + plan[-1].width == p_rows and plan[-1].first < plan[-1].start
     assert plan[1].first == 16  # the others look ahead, into the next sequence
     # One plan per (rows, dtype, device), shared by every layer; masks in the dtype asked for.
     assert p.windows(p_rows, torch.float32, "cpu") is plan
     assert p.windows(p_rows, torch.bfloat16, "cpu")[1].mask.dtype == torch.bfloat16
-    # A window that would not fit in the tensor: the sequence's own rows.
+    # A window that would not fit in the tensor: its own rows, masked only between sequences.
     p, plan = windows_for((5,))
     assert (plan[0].first, plan[0].width, plan[0].mask) == (0, 5, None)
+    p, plan = windows_for((3, 4))
+    assert (plan[0].first, plan[0].width) == (0, 7)
+    assert torch.equal(plan[0].mask[0, 0], block_mask(plan[0], (3, 4)))
 
 
 def test_windowed_attention_is_each_sequence_alone_whatever_its_neighbours_hold():
-    lengths = (16, 127, 1, 33, 5, 70)
+    lengths = (16, 127, 1, 33, 5, 70, 3, 9, 11)
     p, plan = windows_for(lengths)
     assert any(w.mask is not None and w.first != w.start for w in plan)
     g = torch.Generator().manual_seed(0)
@@ -699,12 +716,12 @@ def test_windowed_attention_is_each_sequence_alone_whatever_its_neighbours_hold(
 
 
 def test_windows_of_one_width_run_as_one_call_with_the_same_result(monkeypatch):
-    lengths = (20, 30, 25, 5, 70, 32)  # windows 32 (x4, the last unmasked), 16 and 80
+    lengths = (20, 30, 25, 5, 70, 32)  # windows 32 (x4: 25 and 5 share one; 32 unmasked), 80
     p, plan = windows_for(lengths)
     groups = p.window_groups(p.total, torch.float32, "cpu")
     assert p.window_groups(p.total, torch.float32, "cpu") is groups  # once per batch
     widths = [(g.width, getattr(g, "count", 1)) for g in groups]
-    assert widths == [(16, 1), (32, 4), (80, 1)]
+    assert widths == [(32, 4), (80, 1)]
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(p.total, 4, 8, generator=g) for _ in range(3))
     calls = []
@@ -717,10 +734,10 @@ def test_windows_of_one_width_run_as_one_call_with_the_same_result(monkeypatch):
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", counted)
     with torch.no_grad():
         grouped, _ = bertlab.nn.attention.packed_attention(q, k, v, p, 0.0)
-        assert [c[0] for c in calls] == [1, 4, 1]  # three calls, not six
+        assert [c[0] for c in calls] == [4, 1]  # two calls, not five
         monkeypatch.setattr(Packing, "window_groups", lambda self, *a: self.windows(*a))
         one_by_one, _ = bertlab.nn.attention.packed_attention(q, k, v, p, 0.0)
-    assert len(calls) == 3 + 6
+    assert len(calls) == 2 + 5
     assert torch.equal(grouped, one_by_one)
 
 

@@ -66,12 +66,13 @@ WARM_UP_OUTPUT = dict(zip(HEADED, ("logits", "tokens", "span"), strict=True))  #
 WINDOW_OVERLAP = 128  # tokens two neighbouring tagging windows share (at most half a window)
 DTYPES = ("float32", "bfloat16", "int8")
 # Compiled serving (``ServedModel(compile=True)``). A batch with little padding runs through the
-# compiled graph in float32 and int8. A batch of mixed lengths is cut into groups of similar
+# compiled program in float32 and int8. A batch of mixed lengths is cut into groups of similar
 # length (at most COMPILED_ROWS rows each) in int8 only, where they hold GROUP_ROWS rows on
-# average: one request of 256 SST-2 sentences took 150 ms as 9 compiled groups against 339 ms
-# packed, while in float32 the groups were slower (320 ms against 297 ms packed), as were
-# groups of 2-3 rows in either (2-core Sapphire Rapids Xeon, 2 threads). In bfloat16 the packed
-# batch was faster than compiled groups (104 ms against 126 ms).
+# average: one request of 256 SST-2 sentences took 132 ms as 8-9 compiled groups against
+# 290-390 ms packed, while in float32 the groups were no faster (289-302 ms against 267-296 ms
+# packed), as were groups of 2-3 rows in either; in bfloat16 the packed batch was faster than
+# compiled groups (77-81 ms against 95 ms). 2-core Sapphire Rapids Xeon, 2 threads, three
+# requests each, after the compiled graph's attention was aligned (attention.aligned_attention).
 COMPILED_DTYPES = ("float32", "int8")
 GROUPED_DTYPES = ("int8",)
 COMPILED_ROWS = 32
