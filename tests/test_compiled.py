@@ -2,6 +2,9 @@
 and give the eager model's results within the dtype's tolerance; everything else runs the model
 itself; bad input gets the eager model's errors; stale weights are refused, never used."""
 
+import tempfile
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -180,6 +183,7 @@ def test_a_changed_config_is_refused_and_one_program_serves_every_shape():
     torch.manual_seed(3)
     model = BertForSequenceClassification(CFG).eval()
     fast = Compiled(model)
+    folders = set(Path(tempfile.gettempdir()).glob("bertlab-compiled-*"))
     with torch.no_grad():
         for shape in ((1, 1), (1, 13), (4, 2), (5, 20)):  # built on the first, for all
             x = ids(*shape, seed=sum(shape))
@@ -191,6 +195,13 @@ def test_a_changed_config_is_refused_and_one_program_serves_every_shape():
             fast(input_ids=x)
         model.config.output_hidden_states = False  # as it was built: answered again
         assert (fast(input_ids=x).logits - want).abs().max() < 1e-5
+        # the package it was compiled into is gone once loaded; close() frees the program,
+        # and a later call compiles it again
+        assert set(Path(tempfile.gettempdir()).glob("bertlab-compiled-*")) == folders
+        fast.close()
+        assert not fast._programs
+        assert (fast(input_ids=x).logits - want).abs().max() < 1e-5
+        assert len(fast._programs) == 1
 
 
 def test_int8_models_compile_within_int8_tolerance_of_their_eager_run():

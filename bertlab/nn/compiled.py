@@ -67,7 +67,6 @@ import shutil
 import sysconfig
 import tempfile
 import warnings
-import weakref
 from pathlib import Path
 from typing import Any
 
@@ -156,7 +155,6 @@ class Compiled:
         self._options = {**OPTIONS, **PRECISION_OPTIONS.get(self.precision, {})}
         self._signature = inspect.signature(model.forward)
         self._programs: dict[tuple, Any] = {}  # by the inputs given and their dtypes
-        self._folder: Path | None = None  # where the compiled programs are kept
         self._tensors: list[torch.Tensor] | None = None  # the weights the program was built on
         self._stamp: list | None = None
         self._config: dict[str, Any] | None = None  # the config the program was built with
@@ -221,19 +219,25 @@ class Compiled:
                 value = int(name != "token_type_ids")
                 example[name] = torch.full((rows, length), value, dtype=given.dtype)
         dims = {name: {0: Dim.DYNAMIC, 1: Dim.DYNAMIC} for name in inputs}
-        if self._folder is None:
-            self._folder = Path(tempfile.mkdtemp(prefix="bertlab-compiled-"))
-            weakref.finalize(self, shutil.rmtree, self._folder, ignore_errors=True)
-        package = self._folder / f"program-{len(self._programs)}.pt2"
-        with aligned_export(), warnings.catch_warnings():
+        with (
+            aligned_export(),
+            warnings.catch_warnings(),
+            tempfile.TemporaryDirectory(prefix="bertlab-compiled-") as folder,
+        ):
             warnings.simplefilter("ignore", FutureWarning)  # (export's notes on its own API)
             # inductor's timing of its choices reads a deprecated storage API (its own code)
             warnings.filterwarnings("ignore", "TypedStorage is deprecated", UserWarning)
             program = torch.export.export(self.model, (), example, dynamic_shapes=dims)
-            aoti_compile_and_package(
-                program, package_path=str(package), inductor_configs=self._options
-            )
-        return aoti_load_package(str(package))
+            package = str(Path(folder) / "program.pt2")
+            aoti_compile_and_package(program, package_path=package, inductor_configs=self._options)
+            return aoti_load_package(package)  # (loaded: the package file is not read again)
+
+    def close(self) -> None:
+        """Free the compiled programs, and the libraries AOTInductor unpacked for them into the
+        temporary folder (which it deletes when a program is freed; a process ended by a signal
+        never frees it: ``bertlab serve`` calls this as it shuts down). A later call compiles
+        again."""
+        self._programs.clear()
 
     def _compilable(self, arguments: dict[str, Any]) -> bool:
         """True when the compiled program gives the model's results (within the dtype's

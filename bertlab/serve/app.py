@@ -348,11 +348,15 @@ class Server:
         return PlainTextResponse(self.metrics.render(), media_type="text/plain; version=0.0.4")
 
     def close(self) -> None:
-        """Refuse new requests, finish the queued ones, stop the threads."""
+        """Refuse new requests, finish the queued ones, stop the threads, free the compiled
+        programs (and the files they were unpacked into)."""
         self.closing = True
         for b in self.batchers.values():
             b.close()
         self.pool.shutdown(wait=True)
+        for m in self.models.values():
+            if m.compiled is not None:
+                m.compiled.close()
 
     def app(self) -> Starlette:
         def post(route: str) -> Route:
