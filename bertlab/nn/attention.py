@@ -99,10 +99,10 @@ def aligned_attention(
     pad = -T % WINDOW_ALIGN
     k, v = F.pad(k, (0, 0, 0, pad)), F.pad(v, (0, 0, 0, pad))
     if mask is None:
-        keys = (torch.arange(T + pad, device=q.device) < T)[None, None, None, :]
+        keys = (torch.arange(T + pad, device=q.device) < T)[None]  # (1, T + pad)
     else:
-        keys = F.pad(mask, (0, pad))[:, None, None, :]  # (B, 1, 1, T + pad), False where added
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=keys, dropout_p=dropout_p), None
+        keys = F.pad(mask, (0, pad))  # (B, T + pad), False where added
+    return sdpa_attention(q, k, v, keys, dropout_p, False)
 
 
 def varlen_ok(q: torch.Tensor, dropout_p: float) -> bool:

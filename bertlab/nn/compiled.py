@@ -117,7 +117,7 @@ def _precision(model: nn.Module) -> str:
 def length_groups(lengths: list[int], limit: float, max_rows: int | None = None) -> list[list[int]]:
     """The indices of ``lengths`` sorted by length and cut into groups, each padded to its
     longest with at most ``limit`` of its positions padding and at most ``max_rows`` rows: the
-    batches a compiled graph takes from a mix of lengths. Greedy, shortest first."""
+    batches a compiled program takes from a mix of lengths. Greedy, shortest first."""
     if not 0 <= limit < 1:
         raise ValueError(f"limit must be a share of positions in [0, 1), got {limit}")
     groups: list[list[int]] = []
@@ -162,7 +162,7 @@ class Compiled:
 
     def groups(self, lengths: list[int], max_rows: int | None = None) -> list[list[int]]:
         """``length_groups`` at this model's padding limit: sequences of these lengths cut into
-        batches the compiled graph takes."""
+        batches the compiled program takes."""
         return length_groups(lengths, self._limit, max_rows)
 
     @staticmethod
@@ -195,7 +195,7 @@ class Compiled:
         inputs = {k: v for k in INPUTS if (v := arguments.get(k)) is not None}
         check_inputs(self.model.config, inputs["input_ids"], inputs.get("attention_mask"),
                      inputs.get("token_type_ids"), inputs.get("position_ids"), None)  # fmt: skip
-        self._check_weights()
+        self._check_unchanged()
         key = tuple((k, inputs[k].dtype) for k in sorted(inputs))  # one program per kind of call
         program = self._programs.get(key)
         if program is None:
@@ -242,7 +242,7 @@ class Compiled:
     def _compilable(self, arguments: dict[str, Any]) -> bool:
         """True when the compiled program gives the model's results (within the dtype's
         tolerance) faster than the model (the table in the module's text). A model moved off the
-        CPU after the program was built is caught by _check_weights."""
+        CPU after the program was built is caught by _check_unchanged."""
         if torch.is_grad_enabled() or self.model.training:
             return False
         ids, mask = arguments.get("input_ids"), arguments.get("attention_mask")
@@ -257,7 +257,7 @@ class Compiled:
             return False
         return 1 - int(mask.count_nonzero()) / mask.numel() <= self._limit
 
-    def _check_weights(self) -> None:
+    def _check_unchanged(self) -> None:
         """The program holds the weights and config it was built on: refuse to answer from
         stale ones. The tensors are listed once (walking the modules costs more than the check):
         a cast, a move or an in-place write (load_state_dict, an optimizer step) changes their

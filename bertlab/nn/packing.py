@@ -7,8 +7,7 @@
     layout.pad(per_token_output)    # -> (B, T, ...), for the outputs a user sees
 
 Two layouts: ``Padded`` (the "eager", "sdpa" and "aligned" kernels: (B, T, ...) with a (B, T)
-key mask)
-and ``Packing`` (the "packed" kernel, below).
+key mask) and ``Packing`` (the "packed" kernel, below).
 
 Under torch.compile, torch.export and ONNX export a packed model runs the padded layout: the
 packed token count N is data (how many ones the mask holds), and a graph whose shapes follow it
@@ -240,12 +239,12 @@ class Packing:
         if key not in self._windows:
             plan, start, i, lengths = [], 0, 0, self.lengths
             while i < len(lengths):
-                members = [lengths[i]]
+                members, n = [lengths[i]], lengths[i]
                 i += 1
-                while i < len(lengths) and sum(members) + lengths[i] <= SHARED_ROWS:
+                while i < len(lengths) and n + lengths[i] <= SHARED_ROWS:
                     members.append(lengths[i])
+                    n += lengths[i]
                     i += 1
-                n = sum(members)
                 width = -(-n // align) * align
                 if width > rows:  # the tensor cannot surround it: its own rows
                     width = n
