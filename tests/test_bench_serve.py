@@ -130,6 +130,61 @@ def test_a_wrong_answer_is_an_error_and_a_timed_phase_stops_by_itself(stub):
     assert timed["ok"] > 0 and timed["errors"] == 0 and 0.3 <= timed["seconds"] < 5
 
 
+# Raw answers by the request's text: chunked with a trailer, Connection: close, no length (the
+# body runs to the close), a dropped connection, a line that is not HTTP, and a plain one.
+RAW = {
+    "chunked": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    b"5\r\n[[0.5\r\n7;x=1\r\n, 0.5]]\r\n0\r\nX-Trailer: 1\r\n\r\n",
+    "close": b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 12\r\n\r\n[[0.5, 0.5]]",
+    "nolength": b"HTTP/1.0 200 OK\r\n\r\n[[0.5, 0.5]]",
+    "drop": b"",
+    "junk": b"garbage\r\n\r\n",
+    "plain": b"HTTP/1.1 200 OK\r\nContent-Length: 12\r\n\r\n[[0.5, 0.5]]",
+}
+
+
+@pytest.fixture
+def raw_server():
+    import socketserver
+    import threading
+
+    class Handler(socketserver.StreamRequestHandler):
+        def handle(self):
+            while self.rfile.readline():  # the request line
+                length = 0
+                while (line := self.rfile.readline()) not in (b"\r\n", b""):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                text = json.loads(self.rfile.read(length))["inputs"]
+                self.wfile.write(RAW[text])
+                if text in ("close", "nolength", "drop", "junk"):
+                    return  # the connection closes
+
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/embed"
+    server.shutdown()
+    server.server_close()
+
+
+def test_the_clients_read_chunked_closed_and_unsized_answers_and_survive_broken_ones(raw_server):
+    for text in RAW:  # each answer of each kind read (and the first one checked)
+        r = run_phase(
+            raw_server, build_requests([text], [3], 1, embed_body), 1, count=3, vectors=list
+        )
+        if text in ("drop", "junk"):
+            kind = "IncompleteReadError" if text == "drop" else "ValueError"
+            assert (r["ok"], r["error_kinds"]) == (0, {kind: 3}), text
+        else:
+            assert (r["ok"], r["errors"], r["answer"]) == (3, 0, "1 x 2"), text
+    texts = list(RAW)  # mixed: after a broken answer, the client connects again
+    requests = build_requests(texts, [3] * len(texts), 1, embed_body)
+    r = run_phase(raw_server, requests, 1, count=3 * len(texts), vectors=list)
+    assert (r["requests"], r["ok"], r["errors"]) == (18, 12, 6)
+    assert r["error_kinds"] == {"IncompleteReadError": 3, "ValueError": 3}
+
+
 def test_percentiles_are_nearest_rank_on_known_data():
     ms = [float(x) for x in range(1, 101)]
     assert [percentile(ms, q) for q in (50, 95, 99, 100)] == [50.0, 95.0, 99.0, 100.0]
