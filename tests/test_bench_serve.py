@@ -360,3 +360,9 @@ def test_the_saturation_sweep_goes_past_a_plateau_to_the_peak():
     assert asked == [1, 2, 4, 8, 16, 32]  # stopped once below 90% of the best (268)
     assert sweep["saturating_concurrency"] == 16 and sweep["p99_ms"] == 80.0
     assert sweep["first_plateau_concurrency"] == 1  # where the earlier rule stopped
+    assert sweep["peak_passed"] is True
+    rates.update({32: 300, 64: 330, 128: 340, 256: 345})  # still rising at the last step
+    asked.clear()
+    sweep = serve.saturation(FakeBench(), server, [])
+    assert asked == list(serve.SWEEP) and sweep["peak_passed"] is False
+    assert sweep["saturating_concurrency"] == 64  # the smallest within 10% of 345
