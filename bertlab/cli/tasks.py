@@ -201,10 +201,12 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 def _predict_corpus(args: argparse.Namespace) -> int:
     """``--file F --out OUT``: streamed, in chunks that resume, over torchrun's processes."""
+    from bertlab.heap import keep_freed_memory
     from bertlab.pipelines.corpus import CHUNK_LINES, CorpusJob, predict_corpus, torchrun_group
 
     if args.text or not args.file:
         raise ValueError("--out reads --file FILE (texts as arguments or on stdin cannot resume)")
+    keep_freed_memory()  # a corpus is batch after batch: freed blocks stay for the next one
     job = CorpusJob(
         task=args.task,
         file=args.file,

@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import functools
 import queue
 import threading
 import time
@@ -38,6 +37,7 @@ import numpy as np
 import torch
 
 from bertlab.data import sample_sentences
+from bertlab.heap import release_freed_memory
 from bertlab.nn.compiled import Compiled
 from bertlab.nn.config import BertConfig
 from bertlab.nn.heads import HEADS, head_of
@@ -443,17 +443,6 @@ def pad_rows(rows: list[Row], pad_id: int, width: int | None = None) -> dict[str
     return {"input_ids": ids, "token_type_ids": types, "attention_mask": mask}
 
 
-def _malloc_trim() -> Callable[[], Any] | None:
-    """glibc's malloc_trim(0), or None where the C library has none (musl, macOS)."""
-    try:
-        import ctypes
-
-        return functools.partial(ctypes.CDLL("libc.so.6").malloc_trim, 0)
-    except (OSError, AttributeError):
-        return None
-
-
-TRIM = _malloc_trim()
 TRIM_EVERY = 1.0  # seconds: the runner hands freed heap pages back at most this often
 
 
@@ -605,11 +594,12 @@ class Batcher:
                 self._idle = False
             if batch is None:
                 return
-            if TRIM is not None and time.perf_counter() - trimmed > TRIM_EVERY:
+            if time.perf_counter() - trimmed > TRIM_EVERY:
                 # Batches of every size free blocks all over glibc's heaps, which keeps the
-                # pages; handing them back (under 1 ms here) keeps a long-running server's
-                # memory at the level of its working set instead of creeping up.
-                TRIM()
+                # pages (bertlab.heap); handing them back (under 1 ms here) keeps a
+                # long-running server's memory at the level of its working set instead of
+                # creeping up.
+                release_freed_memory()
                 trimmed = time.perf_counter()
             live = [
                 (row, owner)
