@@ -212,14 +212,14 @@ class Connection:
             if not head.startswith(b"http/1."):
                 raise ValueError(f"not an HTTP/1 answer: {head[:40]!r}")
             status = int(head[9:12])
+            closes = b"\r\nconnection: close" in head
             if b"\r\ntransfer-encoding: chunked" in head:
                 body = await self._chunks()
             elif (length := CONTENT_LENGTH.search(head)) is not None:
                 body = await self.reader.readexactly(int(length[1]))
-            else:
-                body = await self.reader.read()
-                head += b"\r\nconnection: close"
-            if b"\r\nconnection: close" in head:
+            else:  # the body runs to the close
+                body, closes = await self.reader.read(), True
+            if closes:
                 self.close()
             return status, body
         except BaseException:
