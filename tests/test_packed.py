@@ -640,6 +640,37 @@ def test_unpad_pad_round_trip_and_first_tokens():
     assert torch.equal(d.first_tokens(d.unpad(x)), x[:, 0])
 
 
+def test_mean_over_real_tokens_is_the_same_in_every_layout():
+    """Encoded.mean, the sentence vectors' pooling, averages a packed output row by row without
+    padding it back: the padded layout's masked mean (mean_pool), for any dtype; spare rows
+    after the last token are never read."""
+    from bertlab.pipelines.predict import mean_pool
+
+    p = Packing.from_mask(MASK, 4, 5, "cpu")
+    x = torch.randn(4, 5, 6)
+    want = mean_pool(x, MASK)
+    spare = torch.cat([p.unpad(x), torch.full((5, 6), float("nan"))])  # 5 spare rows
+    assert_close(p.mean(spare), want, "packed mean", atol=1e-6)
+    assert_close(bertlab.nn.packing.Padded("sdpa", MASK.bool()).mean(x), want, "padded", 1e-7)
+    assert_close(bertlab.nn.packing.Padded("sdpa", None).mean(x), x.mean(1), "no padding", 1e-6)
+    half = p.mean(p.unpad(x).bfloat16())  # summed in float32
+    assert half.dtype == torch.float32
+    assert_close(half, mean_pool(x.bfloat16().float(), MASK), "bfloat16 rows", atol=1e-6)
+    # Through a model: packed and padded kernels give the same vectors and [CLS] rows.
+    model = make_model(bertlab.BertModel, attn="packed")
+    ids = torch.randint(5, 50, (4, 5))
+    with torch.no_grad():
+        packed = model.encode(ids, attention_mask=MASK)
+        model.config.attn_implementation = "sdpa"
+        padded = model.encode(ids, attention_mask=MASK)
+    assert packed.packing is not None and padded.packing is None
+    assert_close(packed.mean(), padded.mean(), "model mean", atol=1e-5)
+    # [CLS] rows: the first real token packed, column 0 padded (as the reference reads it),
+    # the same row except for MASK's left-padded row 2
+    right = [0, 1, 3]
+    assert_close(packed.first()[right], padded.first()[right], "model [CLS]", atol=1e-5)
+
+
 def windows_for(lengths, rows=None, dtype=torch.float32):
     mask = torch.zeros(len(lengths), max(lengths), dtype=torch.long)
     for b, n in enumerate(lengths):

@@ -491,6 +491,15 @@ class Encoded:
         """A per-token tensor in the hidden layout -> (B, T, ...), zeros at padding if packed."""
         return self.layout.pad(t)
 
+    def mean(self) -> torch.Tensor:
+        """(B, H) float32: each sequence's last hidden state averaged over its real tokens (the
+        mean pooling of sentence embeddings), computed in the layout it is in."""
+        return self.layout.mean(self.hidden)
+
+    def first(self) -> torch.Tensor:
+        """(B, H): each sequence's first hidden state (its [CLS])."""
+        return self.layout.first_tokens(self.hidden)
+
     def per_token(self, t: torch.Tensor) -> torch.Tensor:
         """A (B, T, ...) tensor (labels) -> the hidden layout."""
         return self.layout.unpad(t)

@@ -36,6 +36,7 @@ import contextvars
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -108,6 +109,20 @@ class Window:
     own: int
     start: int
     n: int
+
+
+@dataclass(frozen=True)
+class _Span:
+    """A window's geometry (``Packing._spans``): rows first:first+width, its sequences' rows
+    own:own+n of it (packed rows start:start+n), and whether it needs a mask (it borrows rows
+    or holds several sequences)."""
+
+    first: int
+    width: int
+    own: int
+    start: int
+    n: int
+    masked: bool
 
 
 @dataclass(frozen=True)
@@ -237,70 +252,85 @@ class Packing:
         every layer."""
         key = (rows, dtype, str(device), align)
         if key not in self._windows:
-            plan, start, i, lengths = [], 0, 0, self.lengths
-            while i < len(lengths):
-                members, n = [lengths[i]], lengths[i]
-                i += 1
-                while i < len(lengths) and n + lengths[i] <= SHARED_ROWS:
-                    members.append(lengths[i])
-                    n += lengths[i]
-                    i += 1
-                width = -(-n // align) * align
-                if width > rows:  # the tensor cannot surround it: its own rows
-                    width = n
-                if width == n and len(members) == 1:
-                    plan.append(Window(start, n, None, 0, start, n))
-                else:
-                    first = min(start, rows - width)  # the window holds start:start+n
-                    own = start - first  # where the sequences' own rows begin in the window
-                    mask = torch.full((width, width), float("-inf"), dtype=dtype)
-                    mask.fill_diagonal_(0.0)  # a borrowed row sees itself (its result dropped)
-                    at = own
-                    for m in members:
-                        mask[at : at + m, at : at + m] = 0.0
-                        at += m
-                    mask = mask.view(1, 1, width, width).to(device)
-                    plan.append(Window(first, width, mask, own, start, n))
-                start += n
+            plan = (self._window(span, rows, dtype, device) for span in self._spans(rows, align))
             self._windows[key] = tuple(plan)
         return self._windows[key]
+
+    def _window(self, span: _Span, rows: int, dtype: torch.dtype, device) -> Window:
+        mask = self._block_masks([span], rows, dtype, device)[2] if span.masked else None
+        return Window(span.first, span.width, mask, span.own, span.start, span.n)
 
     def window_groups(
         self, rows: int, dtype: torch.dtype, device, align: int = WINDOW_ALIGN
     ) -> tuple[Window | WindowGroup, ...]:
         """The ``windows``, those of one width gathered into a ``WindowGroup`` (a width only one
-        window has stays a Window, read in place). Computed once per batch."""
+        window has stays a Window, read in place). Computed once per batch, every group's
+        indices and masks at once (``_block_masks``): for 256 SST-2 sentences (138 windows in
+        4 groups) 0.3 ms instead of 2.5 when each window's mask was written on its own."""
         key = ("groups", rows, dtype, str(device), align)
         if key not in self._windows:
-            by_width: dict[int, list[Window]] = {}
-            for w in self.windows(rows, dtype, device, align):
-                by_width.setdefault(w.width, []).append(w)
+            by_width: dict[int, list[_Span]] = {}
+            for span in self._spans(rows, align):
+                by_width.setdefault(span.width, []).append(span)
             plan: list[Window | WindowGroup] = []
-            for width, ws in sorted(by_width.items()):
-                if len(ws) == 1:
-                    plan.append(ws[0])
+            for width, spans in sorted(by_width.items()):
+                if len(spans) == 1:
+                    plan.append(self._window(spans[0], rows, dtype, device))
                     continue
-                read = torch.cat([torch.arange(w.first, w.first + width) for w in ws])
-                own = torch.cat(
-                    [
-                        torch.arange(i * width + w.own, i * width + w.own + w.n)
-                        for i, w in enumerate(ws)
-                    ]
-                )
-                to = torch.cat([torch.arange(w.start, w.start + w.n) for w in ws])
-                mask = None
-                if any(w.mask is not None for w in ws):
-                    mask = torch.zeros(len(ws), 1, width, width, dtype=dtype, device=device)
-                    for i, w in enumerate(ws):
-                        if w.mask is not None:
-                            mask[i] = w.mask[0]
+                read, own, mask = self._block_masks(spans, rows, dtype, device)
+                if not any(span.masked for span in spans):
+                    mask = None
+                k = len(spans)
+                at = torch.from_numpy(np.flatnonzero(own))  # rows of the (k * width) result
+                to = torch.from_numpy(read[own])  # and where they go in the packed tensor
+                read = torch.from_numpy(read.reshape(-1))
                 plan.append(
-                    WindowGroup(
-                        width, len(ws), read.to(device), mask, own.to(device), to.to(device)
-                    )
+                    WindowGroup(width, k, read.to(device), mask, at.to(device), to.to(device))
                 )
             self._windows[key] = tuple(plan)
         return self._windows[key]
+
+    def _spans(self, rows: int, align: int) -> list[_Span]:
+        """The windows' geometry (see ``windows``): consecutive sequences of SHARED_ROWS tokens
+        or fewer in all share one, each rounded up to a multiple of ``align`` rows."""
+        key = ("spans", rows, align)
+        if key not in self._windows:
+            plan, start, i, lengths = [], 0, 0, self.lengths
+            while i < len(lengths):
+                first_i, n = i, lengths[i]
+                i += 1
+                while i < len(lengths) and n + lengths[i] <= SHARED_ROWS:
+                    n += lengths[i]
+                    i += 1
+                width = -(-n // align) * align
+                if width > rows:  # the tensor cannot surround it: its own rows
+                    width = n
+                first = min(start, rows - width)  # the window holds start:start+n
+                masked = width != n or i - first_i > 1
+                plan.append(_Span(first, width, start - first, start, n, masked))
+                start += n
+            self._windows[key] = plan
+        return self._windows[key]
+
+    def _block_masks(
+        self, spans: list[_Span], rows: int, dtype: torch.dtype, device
+    ) -> tuple[np.ndarray, np.ndarray, torch.Tensor]:
+        """For k windows of one width W: the packed rows each reads, (k, W) int64; which of
+        those are its sequences' own rows, (k, W) bool; and the additive masks, (k, 1, W, W):
+        0 where a query and a key are tokens of one sequence, or a borrowed row meets itself,
+        -inf elsewhere."""
+        width = spans[0].width
+        first, own, n = (np.array([getattr(s, f) for s in spans]) for f in ("first", "own", "n"))
+        r = np.arange(width)
+        read = first[:, None] + r  # (k, W)
+        mine = (r >= own[:, None]) & (r < (own + n)[:, None])
+        # each packed row's sequence (spare rows: -1), and a borrowed row: a group of its own
+        sequence = np.full(rows, -1)
+        sequence[: self.total] = np.repeat(np.arange(self.batch), self.lengths)
+        group = np.where(mine, sequence[read], -1 - r)
+        mask = np.where(group[:, :, None] == group[:, None, :], 0.0, -np.inf).astype(np.float32)
+        mask = torch.from_numpy(mask).to(dtype).view(len(spans), 1, width, width)
+        return read, mine, mask.to(device)
 
     def unpad(self, x: torch.Tensor) -> torch.Tensor:
         """(B, T, ...) -> (N, ...): the real tokens, sequence by sequence."""
@@ -317,6 +347,18 @@ class Packing:
     def first_tokens(self, x: torch.Tensor) -> torch.Tensor:
         """(N, ...) -> (B, ...): each sequence's first real token (its [CLS])."""
         return x.index_select(0, self.cu_seqlens[:-1].long())
+
+    def mean(self, x: torch.Tensor) -> torch.Tensor:
+        """(N, H) -> (B, H) float32: each sequence's mean over its rows, summed in float32.
+
+        No padded copy is made: 256 SST-2 sentences (3,501 tokens in a 256 x 60 batch) pool in
+        0.33 ms this way, where padding them back, casting the (B, T, H) copy to float32 and
+        masking it took 2.5-14 ms (2-core Sapphire Rapids Xeon, 2 threads; the range is the
+        page faults of its three 15,360-row temporaries)."""
+        lengths = torch.tensor(self.lengths, device=x.device)
+        which = torch.repeat_interleave(torch.arange(self.batch, device=x.device), lengths)
+        sums = x.new_zeros(self.batch, x.shape[-1], dtype=torch.float32)
+        return sums.index_add_(0, which, x[: self.total].float()) / lengths[:, None]
 
     def split_heads(self, t: torch.Tensor, heads: int) -> torch.Tensor:
         """(N, H) -> (N, A, D), the packed kernel's layout of queries, keys and values."""
@@ -357,6 +399,14 @@ class Padded:
     def first_tokens(self, x: torch.Tensor) -> torch.Tensor:
         """(B, T, ...) -> (B, ...): the token in column 0 (the [CLS]), as the reference reads."""
         return x[:, 0]
+
+    def mean(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, H) -> (B, H) float32: each row's mean over its real tokens."""
+        x = x.float()
+        if self.mask is None:
+            return x.sum(1) / x.shape[1]
+        m = self.mask.unsqueeze(-1).float()
+        return (x * m).sum(1) / m.sum(1)
 
     def split_heads(self, t: torch.Tensor, heads: int) -> torch.Tensor:
         """(B, T, H) -> (B, A, T, D)."""

@@ -133,9 +133,13 @@ class Pipeline:
     def _encode(self, texts: list[str], pairs: list[str] | None = None, **kw) -> Any:
         return self.tokenizer(texts, pairs, truncation=True, **kw)
 
-    def _run(self, features: list[dict]) -> Any:
+    def _batch(self, features: list[dict]) -> dict[str, torch.Tensor]:
+        """The features padded into one batch, on the model's device."""
         padded = pad(features, self.tokenizer.pad_token_id)
-        batch = {k: v.to(self.device) for k, v in padded.items()}
+        return {k: v.to(self.device) for k, v in padded.items()}
+
+    def _run(self, features: list[dict]) -> Any:
+        batch = self._batch(features)
         with torch.no_grad():
             return self.forward(**batch), batch
 

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from bertlab.metrics import conll_entities, to_iob2
+from bertlab.nn.compiled import Compiled
 from bertlab.nn.heads import (
     BertForMaskedLM,
     BertForQuestionAnswering,
@@ -44,12 +45,22 @@ class EmbedPipeline(Pipeline):
         for chunk in _batches(items, self.batch_size):
             enc = self._encode(chunk, return_attention_mask=False)
             feats = _features(enc)
-            result, batch = self._run(feats)
-            h = result.last_hidden_state.float()  # (B, T, H)
-            v = h[:, 0] if pooling == "cls" else mean_pool(h, batch["attention_mask"])
+            v = self._pool(feats, pooling)
             out.append(torch.nn.functional.normalize(v, dim=-1) if normalize else v)
         vectors = torch.cat(out).cpu()
         return vectors[0] if single else vectors
+
+    def _pool(self, features: list[dict], pooling: str) -> torch.Tensor:
+        """(B, H) float32 vectors of one batch. The model's own forward pools its output as it
+        ran (packed: no padded copy, ``Encoded.mean``); a compiled one, its padded output."""
+        if isinstance(self.forward, Compiled):
+            result, batch = self._run(features)
+            h = result.last_hidden_state.float()  # (B, T, H)
+            return h[:, 0] if pooling == "cls" else mean_pool(h, batch["attention_mask"])
+        batch = self._batch(features)
+        with torch.no_grad():
+            enc = self.model.encode(**batch)
+        return enc.first().float() if pooling == "cls" else enc.mean()
 
     def run(
         self, items: list, pooling: str = "mean", normalize: bool = True, **_: Any

@@ -388,22 +388,24 @@ class ServedModel:
         output: mean/cls -> (H,) float32; logits -> (C,); tokens -> (n, C) probabilities;
         span -> two (n,) tensors; masks -> (M, V) logits at its [MASK] positions."""
         batch = {k: torch.from_numpy(v) for k, v in arrays.items()}
-        mask = batch["attention_mask"]
+        out = hidden = means = first = None
         if self.head in HEADED:
             out = self.run(**batch)
-            hidden = None
+        elif self.compiled is None:  # the encoder's output as it ran, packed: nothing re-padded
+            enc = self.encoder.encode(**batch)
+            means, first = enc.mean(), enc.first().float()  # (B, H) each
+            if any(row.want == "masks" for row in rows):
+                hidden = enc.padded(enc.hidden).float()  # (B, T, H)
         else:
             hidden = self.run(**batch).last_hidden_state.float()  # (B, T, H)
-        means = None
-        if any(row.want == "mean" for row in rows):  # the whole batch at once, as the pipeline
-            means = mean_pool(hidden, mask)  # (B, H)
+            means, first = mean_pool(hidden, batch["attention_mask"]), hidden[:, 0]
         results: list[Any] = []
         for r, row in enumerate(rows):
             n = len(row)
             if row.want == "mean":
                 results.append(means[r])
             elif row.want == "cls":
-                results.append(hidden[r, 0].clone())
+                results.append(first[r].clone())
             elif row.want == "logits":
                 results.append(out.logits[r].float())
             elif row.want == "tokens":
