@@ -37,12 +37,22 @@ print(default, kept)
 
 @pytest.mark.skipif(_glibc() is None, reason="the C library here is not glibc (no mallopt)")
 def test_kept_freed_blocks_stop_the_page_faults_of_a_batch_loop():
-    out = subprocess.run(
-        [sys.executable, "-c", LOOP], capture_output=True, text=True, timeout=120, check=True
-    )
-    default, kept = map(int, out.stdout.split())
+    # Whether glibc hands the freed blocks back by default depends on what else the process
+    # has put at the top of its heap by then (in 5 of 20 processes here, none were handed back), so
+    # the loop runs in up to 5 processes: kept blocks never fault, in any of them, and at least
+    # one shows the default faulting in fresh pages on every pass.
     pages = 20 * 3 * 3 * 1024 * 1024 * 4 // 4096  # what 20 passes write, in 4 KiB pages
-    assert default > pages // 2  # by default most of them are fresh pages every pass
+    runs = []
+    for _ in range(5):
+        out = subprocess.run(
+            [sys.executable, "-c", LOOP], capture_output=True, text=True, timeout=120, check=True
+        )
+        default, kept = map(int, out.stdout.split())
+        runs.append((default, kept))
+        assert kept < pages // 20, f"with the blocks kept, the loop still faulted: {runs}"
+        if default > pages // 2:  # most of them fresh pages every pass
+            break
+    assert default > pages // 2, f"the default never faulted in 5 processes: {runs}"
     assert kept < default // 10
 
 
