@@ -38,9 +38,9 @@ print(default, kept)
 @pytest.mark.skipif(_glibc() is None, reason="the C library here is not glibc (no mallopt)")
 def test_kept_freed_blocks_stop_the_page_faults_of_a_batch_loop():
     # Whether glibc hands the freed blocks back by default depends on what else the process
-    # has put at the top of its heap by then (in 5 of 20 processes here, none were handed back), so
-    # the loop runs in up to 5 processes: kept blocks never fault, in any of them, and at least
-    # one shows the default faulting in fresh pages on every pass.
+    # has put at the top of its heap by then (in 5 of 20 processes here, none were handed
+    # back), so the loop runs in up to 5 processes: kept blocks never fault, in any of them,
+    # and at least one shows the default faulting in fresh pages on every pass.
     pages = 20 * 3 * 3 * 1024 * 1024 * 4 // 4096  # what 20 passes write, in 4 KiB pages
     runs = []
     for _ in range(5):
