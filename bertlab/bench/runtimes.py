@@ -100,7 +100,7 @@ def batches(tokenizer: Any, texts: list[str], workload: str) -> list[dict[str, n
 
 def pool(hidden: np.ndarray | torch.Tensor, mask: np.ndarray) -> np.ndarray:
     """(B, T, H) hidden states -> (B, H) normalised means over real tokens."""
-    from bertlab.pipelines.predict import mean_pool
+    from bertlab.nn.packing import mean_pool
 
     means = mean_pool(torch.as_tensor(hidden).float(), torch.as_tensor(mask))
     return torch.nn.functional.normalize(means, dim=-1).numpy()

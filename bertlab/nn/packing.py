@@ -79,6 +79,16 @@ def round_rows(n: int) -> int:
     return -(-n // step) * step
 
 
+def mean_pool(hidden: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """(B, T, H) hidden states and their (B, T) attention mask (None: no padding) -> (B, H)
+    float32 means over the real tokens (sentence-transformers' mean pooling)."""
+    hidden = hidden.float()
+    if mask is None:
+        return hidden.sum(1) / hidden.shape[1]
+    m = mask.unsqueeze(-1).float()
+    return (hidden * m).sum(1) / m.sum(1)
+
+
 def check_rows(mask: torch.Tensor) -> None:
     """mask (B, T) bool: refuse a row without a single token (every kernel calls this). Skipped
     while tracing: the check reads the mask's values."""
@@ -324,13 +334,18 @@ class Packing:
         r = np.arange(width)
         read = first[:, None] + r  # (k, W)
         mine = (r >= own[:, None]) & (r < (own + n)[:, None])
-        # each packed row's sequence (spare rows: -1), and a borrowed row: a group of its own
-        sequence = np.full(rows, -1)
-        sequence[: self.total] = np.repeat(np.arange(self.batch), self.lengths)
+        # each own row's sequence, and a borrowed row (spare rows too): a group of its own
+        sequence = np.pad(self._sequences(), (0, rows - self.total), constant_values=-1)
         group = np.where(mine, sequence[read], -1 - r)
         mask = np.where(group[:, :, None] == group[:, None, :], 0.0, -np.inf).astype(np.float32)
         mask = torch.from_numpy(mask).to(dtype).view(len(spans), 1, width, width)
         return read, mine, mask.to(device)
+
+    def _sequences(self) -> np.ndarray:
+        """(N,) int64: the sequence each packed row belongs to. Computed once per batch."""
+        if "sequences" not in self._windows:
+            self._windows["sequences"] = np.repeat(np.arange(self.batch), self.lengths)
+        return self._windows["sequences"]
 
     def unpad(self, x: torch.Tensor) -> torch.Tensor:
         """(B, T, ...) -> (N, ...): the real tokens, sequence by sequence."""
@@ -359,7 +374,7 @@ class Packing:
         x = x[: self.total].float()
         if self.batch == 1:
             return x.sum(0, keepdim=True) / self.total
-        which = torch.from_numpy(np.repeat(np.arange(self.batch), self.lengths)).to(x.device)
+        which = torch.from_numpy(self._sequences()).to(x.device)
         lengths = torch.tensor(self.lengths, dtype=torch.float32, device=x.device)
         sums = x.new_zeros(self.batch, x.shape[-1])
         return sums.index_add_(0, which, x) / lengths[:, None]
@@ -406,11 +421,7 @@ class Padded:
 
     def mean(self, x: torch.Tensor) -> torch.Tensor:
         """(B, T, H) -> (B, H) float32: each row's mean over its real tokens."""
-        x = x.float()
-        if self.mask is None:
-            return x.sum(1) / x.shape[1]
-        m = self.mask.unsqueeze(-1).float()
-        return (x * m).sum(1) / m.sum(1)
+        return mean_pool(x, self.mask)
 
     def split_heads(self, t: torch.Tensor, heads: int) -> torch.Tensor:
         """(B, T, H) -> (B, A, T, D)."""

@@ -19,14 +19,22 @@ from bertlab.nn.heads import (
     BertForSequenceClassification,
     BertForTokenClassification,
 )
+from bertlab.nn.packing import mean_pool
 from bertlab.pipelines.base import Pipeline, _batches, _check_top_k, _features, _texts
 
 
-def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """(B, T, H) hidden states and their (B, T) attention mask -> (B, H) means over the real
-    tokens (sentence-transformers' mean pooling)."""
-    m = mask.unsqueeze(-1).float()
-    return (hidden * m).sum(1) / m.sum(1)
+def sentence_vectors(
+    forward: torch.nn.Module | Compiled, batch: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One batch through a BertModel or its ``Compiled`` program -> (B, H) float32 means over
+    the real tokens and (B, H) [CLS] vectors. The model pools its output in the layout it ran
+    in (``Encoded.mean``: packed, without a padded copy); a compiled program, whose output is
+    padded, pools that."""
+    if isinstance(forward, Compiled):
+        hidden = forward(**batch).last_hidden_state.float()  # (B, T, H)
+        return mean_pool(hidden, batch["attention_mask"]), hidden[:, 0]
+    enc = forward.encode(**batch)
+    return enc.mean(), enc.first().float()
 
 
 class EmbedPipeline(Pipeline):
@@ -51,16 +59,10 @@ class EmbedPipeline(Pipeline):
         return vectors[0] if single else vectors
 
     def _pool(self, features: list[dict], pooling: str) -> torch.Tensor:
-        """(B, H) float32 vectors of one batch. The model's own forward pools its output as it
-        ran (packed: no padded copy, ``Encoded.mean``); a compiled one, its padded output."""
-        if isinstance(self.forward, Compiled):
-            result, batch = self._run(features)
-            h = result.last_hidden_state.float()  # (B, T, H)
-            return h[:, 0] if pooling == "cls" else mean_pool(h, batch["attention_mask"])
-        batch = self._batch(features)
+        """(B, H) float32 vectors of one batch."""
         with torch.no_grad():
-            enc = self.model.encode(**batch)
-        return enc.first().float() if pooling == "cls" else enc.mean()
+            means, first = sentence_vectors(self.forward, self._batch(features))
+        return first if pooling == "cls" else means
 
     def run(
         self, items: list, pooling: str = "mean", normalize: bool = True, **_: Any

@@ -41,13 +41,14 @@ from bertlab.heap import release_freed_memory
 from bertlab.nn.compiled import Compiled
 from bertlab.nn.config import BertConfig
 from bertlab.nn.heads import HEADS, head_of
+from bertlab.nn.packing import mean_pool
 from bertlab.nn.precision import CALIBRATION, quantize_int8, text_batches
 from bertlab.pipelines.predict import (
     AnswerPipeline,
     ClassifyPipeline,
     FillMaskPipeline,
     TagPipeline,
-    mean_pool,
+    sentence_vectors,
 )
 from bertlab.tokenizer import BertTokenizer
 
@@ -391,14 +392,11 @@ class ServedModel:
         out = hidden = means = first = None
         if self.head in HEADED:
             out = self.run(**batch)
-        elif self.compiled is None:  # the encoder's output as it ran, packed: nothing re-padded
-            enc = self.encoder.encode(**batch)
-            means, first = enc.mean(), enc.first().float()  # (B, H) each
-            if any(row.want == "masks" for row in rows):
-                hidden = enc.padded(enc.hidden).float()  # (B, T, H)
-        else:
+        elif any(row.want == "masks" for row in rows):  # fill-mask reads its [MASK] rows
             hidden = self.run(**batch).last_hidden_state.float()  # (B, T, H)
             means, first = mean_pool(hidden, batch["attention_mask"]), hidden[:, 0]
+        else:
+            means, first = sentence_vectors(self.run, batch)  # (B, H) each
         results: list[Any] = []
         for r, row in enumerate(rows):
             n = len(row)
