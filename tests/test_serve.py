@@ -774,3 +774,38 @@ def test_vectors_are_written_as_their_exact_float32_values_with_orjson_or_withou
     assert len(fast) < 0.7 * len(plain)  # float32's shortest forms, not float64's
     with pytest.raises(TypeError, match="object is not JSON"):
         app_module.JSON({"x": object()})
+
+
+def test_the_serving_process_keeps_freed_blocks_and_freezes_what_it_loaded(folders, monkeypatch):
+    # bertlab.serve.run makes the process a server's before it listens: glibc told to keep
+    # freed large blocks before the models load, and everything alive once they have loaded
+    # moved out of the garbage collector's sight (bertlab/heap.py has the measurements).
+    import gc
+
+    import uvicorn
+
+    import bertlab.heap
+    import bertlab.serve
+
+    seen: list = []
+    made: list = []
+    monkeypatch.setattr(bertlab.heap, "keep_freed_memory", lambda: seen.append("keep"))
+    real = bertlab.serve.Server
+
+    def server(config):
+        seen.append("load")
+        made.append(real(config))
+        return made[-1]
+
+    def listen(app, **kw):
+        seen.append(("listen", gc.get_freeze_count() > 0, kw["port"]))
+
+    monkeypatch.setattr(bertlab.serve, "Server", server)
+    monkeypatch.setattr(uvicorn, "run", listen)
+    try:
+        bertlab.serve.run(ServeConfig(models=[("mlm", folders["mlm"])]), port=8123)
+    finally:
+        gc.unfreeze()
+        for s in made:
+            s.close()
+    assert seen == ["keep", "load", ("listen", True, 8123)]
