@@ -28,7 +28,7 @@ from helpers import max_diff, scramble
 
 import bertlab
 import bertlab.nn.attention
-from bertlab.nn.packing import SHARED_ROWS, Packing
+from bertlab.nn.packing import SHARED_ROWS, Packing, window_order
 
 ATOL = 1e-5
 SIZES = dict(
@@ -770,6 +770,30 @@ def test_windows_of_one_width_run_as_one_call_with_the_same_result(monkeypatch):
         one_by_one, _ = bertlab.nn.attention.packed_attention(q, k, v, p, 0.0)
     assert len(calls) == 2 + 5
     assert torch.equal(grouped, one_by_one)
+
+
+def test_window_order_fills_the_shared_windows():
+    # In batch order the windows are 20 | 20 + 12 | 12 + 5 | 40 | 9 + 6, five; bins of
+    # SHARED_ROWS hold 20 + 12 twice and 9 + 6 + 5 once, after the 40-token sequence: four.
+    lengths = (20, 20, 12, 12, 5, 40, 9, 6)
+    order = window_order(lengths)
+    assert sorted(order) == list(range(len(lengths)))
+    assert order[0] == 5  # longer than SHARED_ROWS: first, in its own window
+    placed = [lengths[i] for i in order]
+    assert placed == [40, 20, 12, 20, 12, 9, 6, 5], placed
+    _, as_given = windows_for(lengths)
+    _, ordered = windows_for(placed)
+    assert len(ordered) == len(as_given) - 1 == 4
+    assert all(w.n <= SHARED_ROWS for w in ordered[1:])
+    # best fit: each sequence goes to the fullest bin it fits in
+    five = (30, 20, 10, 2, 12)
+    assert [five[i] for i in window_order(five)] == [30, 2, 20, 12, 10]
+    assert window_order(()) == [] and window_order((7,)) == [0]
+    # SST-2-like lengths: never more windows than the batch order, usually fewer
+    g = torch.Generator().manual_seed(0)
+    lengths = tuple(torch.randint(3, 45, (200,), generator=g).tolist())
+    placed = [lengths[i] for i in window_order(lengths)]
+    assert len(windows_for(placed)[1]) < len(windows_for(lengths)[1])
 
 
 def test_varlen_kernel_gets_the_packing_and_its_result_is_returned(monkeypatch):

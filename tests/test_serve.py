@@ -809,3 +809,51 @@ def test_the_serving_process_keeps_freed_blocks_and_freezes_what_it_loaded(folde
         for s in made:
             s.close()
     assert seen == ["keep", "load", ("listen", True, 8123)]
+
+
+def test_the_request_profile_times_every_part_of_the_batch():
+    """scripts/profile_serve_batch.py splits a request's batch into its parts by timers around
+    the encoder's calls: each part it names must be caught (a renamed function would leave a
+    part at zero and the rest growing), and the parts must fit inside the batch's time."""
+    script = Path(__file__).resolve().parent.parent / "scripts" / "profile_serve_batch.py"
+    cmd = [sys.executable, str(script), "--sentences", "8", "--repeat", "2", "--dtype", "float32"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True).stdout
+    lines = out.splitlines()
+    whole = float(next(x for x in lines if x.startswith("with every part timed")).split()[4])
+    parts = {}
+    for line in lines:
+        name, _, rest = line.strip().partition("  ")
+        if name.startswith(("attention", "product", "LayerNorm")):
+            parts[name] = float(rest.split()[0])
+    assert set(parts) >= {
+        "attention (packed)",
+        "product 384 -> 1152",
+        "product 384 -> 384 + residual",
+        "product 384 -> 1536 + gelu",
+        "product 1536 -> 384 + residual",
+        "LayerNorm",
+    }, out
+    assert all(ms > 0 for ms in parts.values()), out
+    assert sum(parts.values()) <= whole, out
+    assert "tokenize (ServedModel.encode)" in out and "8 bundled SST-2 dev sentences" in out
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_packed_batch_runs_in_window_order_and_answers_in_the_requests_order(folders, dtype):
+    """The packed batch puts short rows side by side in the attention's shared windows
+    (``window_order``); each row's answer is the one it gets in the request's own order. int8
+    keeps the request's order (its products round a row by its place in the batch on AMX)."""
+    from bertlab.nn.packing import window_order
+    from bertlab.serve.engine import WINDOW_ORDERED, ServedModel, pad_rows
+
+    assert dtype in WINDOW_ORDERED and "int8" not in WINDOW_ORDERED
+    model = ServedModel("m", folders["mlm"], dtype)
+    lengths = [20, 20, 12, 12, 5, 40, 9, 6]
+    rows = [Row([101] + [1000 + i + j for j in range(n - 2)] + [102], [0] * n, "mean")
+            for i, n in enumerate(lengths)]  # fmt: skip
+    ((order, arrays),) = model.prepare(rows)
+    assert order == window_order(lengths) != list(range(len(rows)))
+    assert arrays["attention_mask"].sum(1).tolist() == [lengths[i] for i in order]
+    as_given = [(list(range(len(rows))), pad_rows(rows, 0, model.max_length))]
+    for got, want in zip(model.forward(rows), model.forward(rows, as_given), strict=True):
+        assert torch.equal(got, want)

@@ -106,6 +106,34 @@ WINDOW_ALIGN = 16  # attention windows are rounded up to a multiple of this many
 SHARED_ROWS = 32  # consecutive sequences this short in all share one attention window
 
 
+def window_order(lengths: list[int] | tuple[int, ...]) -> list[int]:
+    """An order for a batch's sequences (indices into ``lengths``) in which consecutive short
+    ones fill the packed attention's shared windows (``Packing.windows``): best fit by
+    decreasing length into bins of SHARED_ROWS tokens, the sequences longer than that first.
+    Each sequence's numbers are the same in any order; what changes is how many attention calls
+    and query blocks the batch needs. For 256 SST-2 sentences (13.7 tokens on average) the
+    batch order makes 138 windows and this one 108, and on a 2-core Sapphire Rapids Xeon the
+    batch ran through ``ServedModel.forward`` in 62.9 ms instead of 66.0 in bfloat16 and 237.3
+    instead of 239.8 in float32 (medians of five alternating rounds of 20). It suits a caller
+    that puts the results back in place, as the server's batches do; a padded batch in this
+    order pads as much as in any other."""
+    order = sorted(range(len(lengths)), key=lengths.__getitem__, reverse=True)
+    long = [i for i in order if lengths[i] > SHARED_ROWS]
+    room: list[list[list[int]]] = [[] for _ in range(SHARED_ROWS + 1)]  # bins by rows free
+    bins: list[list[int]] = []
+    for i in order[len(long) :]:
+        n = lengths[i]
+        free = next((r for r in range(n, SHARED_ROWS + 1) if room[r]), None)
+        if free is None:  # no bin has room: a new one
+            bin_, free = [], SHARED_ROWS
+            bins.append(bin_)
+        else:
+            bin_ = room[free].pop()
+        bin_.append(i)
+        room[free - n].append(bin_)
+    return long + [i for bin_ in bins for i in bin_]
+
+
 @dataclass(frozen=True)
 class Window:
     """One attention call on a packed tensor, for one sequence or several consecutive ones: rows

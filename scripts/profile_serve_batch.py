@@ -1,0 +1,129 @@
+"""Where a 256-sentence embedding request's time goes in ``bertlab serve``: the model's batch
+(``ServedModel.forward``) split into its parts, and the request's own CPU work beside it
+(tokenizing, finishing the vectors, writing the JSON answer). The output of one run is kept in
+benchmarks/serve-batch256-parts.txt.
+
+    python scripts/profile_serve_batch.py [--dtype bfloat16|float32] [--threads 2]
+        [--sentences 256] [--repeat 20]
+
+The request is the one ``bertlab bench serve --workloads batch256`` sends first: the first
+``--sentences`` bundled SST-2 dev sentences. The parts are timed by a wall-clock timer around
+each call (every product, attention call and LayerNorm of the encoder), not by torch.profiler,
+which on this workload reported the feed-forward's first product at three times its time. The
+process keeps freed memory as the server does (``bertlab.heap.keep_freed_memory``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import orjson
+import torch
+
+from bertlab.bench.speed import machine
+from bertlab.data import sample_sentences
+from bertlab.files import bundled_model_dir
+from bertlab.heap import keep_freed_memory
+from bertlab.nn import attention, fast, fused
+from bertlab.serve.engine import ServedModel
+
+spent: dict[str, float] = collections.defaultdict(float)  # part -> seconds, summed
+
+
+def timed(name: Callable[..., str], fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` with its wall time added to spent[name(*args, **kw)]."""
+
+    def call(*args: Any, **kw: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kw)
+        finally:
+            spent[name(*args, **kw)] += time.perf_counter() - start
+
+    return call
+
+
+def product_name(x: torch.Tensor, weight: Any, bias: Any, act=None, add=None) -> str:
+    width = weight.shape[0] if isinstance(weight, torch.Tensor) else "?"
+    extra = f" + {act}" if act else (" + residual" if add is not None else "")
+    return f"product {x.shape[-1]} -> {width}{extra}"
+
+
+def cpu_ms(fn: Callable[[], Any], repeat: int) -> float:
+    """Median CPU time of ``fn`` over ``repeat`` calls, in ms (all threads of the process)."""
+    times = []
+    for _ in range(repeat):
+        start = time.process_time()
+        fn()
+        times.append(time.process_time() - start)
+    return 1000 * statistics.median(times)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--sentences", type=int, default=256)
+    p.add_argument("--repeat", type=int, default=20)
+    args = p.parse_args()
+    if args.sentences < 1 or args.repeat < 1:
+        p.error(f"--sentences and --repeat must be at least 1: {args.sentences}, {args.repeat}")
+    torch.set_num_threads(args.threads)
+    keep_freed_memory()
+    model = ServedModel("default", bundled_model_dir(), dtype=args.dtype)
+    texts = sample_sentences(name="sst2_dev.tsv")[: args.sentences]
+    rows = [row for e in model.encode(texts, "mean") for row in e.rows]
+    tokens = sum(len(r) for r in rows)
+
+    with torch.inference_mode():
+        for _ in range(5):
+            model.forward(rows)
+        start = time.perf_counter()
+        for _ in range(args.repeat):
+            model.forward(rows)
+        plain = (time.perf_counter() - start) / args.repeat
+        # the same batches again, each part timed
+        fused.product = timed(product_name, fused.product)
+        kernel = attention.BACKENDS["packed"]
+        attention.BACKENDS["packed"] = timed(lambda *a, **k: "attention (packed)", kernel)
+        fast._layer_norm = timed(lambda *a, **k: "LayerNorm", fast._layer_norm)
+        start = time.perf_counter()
+        for _ in range(args.repeat):
+            model.forward(rows)
+        whole = (time.perf_counter() - start) / args.repeat
+
+    vectors = np.random.default_rng(0).standard_normal((len(texts), 384)).astype(np.float32)
+    work = {
+        "tokenize (ServedModel.encode)": lambda: model.encode(texts, "mean"),
+        "write the JSON answer (orjson)": lambda: orjson.dumps(
+            vectors, option=orjson.OPT_SERIALIZE_NUMPY
+        ),
+    }
+
+    m = machine()
+    amx = "amx_bf16" in open("/proc/cpuinfo").read()
+    print(
+        f"{m['cpu']} ({m['cores']} cores{', AMX' if amx else ''}), {args.threads} threads, "
+        f"torch {m['torch']}, {args.dtype}"
+    )
+    print(f"{len(texts)} bundled SST-2 dev sentences, {tokens:,} tokens")
+    print(f"the batch (ServedModel.forward): {1000 * plain:.1f} ms, {tokens / plain:,.0f} tokens/s")
+    print(f"with every part timed: {1000 * whole:.1f} ms a batch")
+    for name, seconds in sorted(spent.items(), key=lambda kv: -kv[1]):
+        ms = 1000 * seconds / args.repeat
+        print(f"  {name:40s} {ms:7.2f} ms  {100 * ms / (1000 * whole):5.1f}%")
+    rest = whole - sum(spent.values()) / args.repeat
+    print(f"  {'the rest (embeddings, pooling, plan)':40s} {1000 * rest:7.2f} ms")
+    print("the request's own CPU work (all threads), beside the batch:")
+    for name, fn in work.items():
+        print(f"  {name:40s} {cpu_ms(fn, args.repeat):7.2f} ms")
+
+
+if __name__ == "__main__":
+    main()
