@@ -20,6 +20,7 @@ import collections
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -98,7 +99,8 @@ def main() -> None:
             model.forward(rows)
         whole = (time.perf_counter() - start) / args.repeat
 
-    vectors = np.random.default_rng(0).standard_normal((len(texts), 384)).astype(np.float32)
+    width = model.config.hidden_size  # the answer's vectors: one per sentence
+    vectors = np.random.default_rng(0).standard_normal((len(texts), width)).astype(np.float32)
     work = {
         "tokenize (ServedModel.encode)": lambda: model.encode(texts, "mean"),
         "write the JSON answer (orjson)": lambda: orjson.dumps(
@@ -107,7 +109,7 @@ def main() -> None:
     }
 
     m = machine()
-    amx = "amx_bf16" in open("/proc/cpuinfo").read()
+    amx = "amx_bf16" in Path("/proc/cpuinfo").read_text()
     print(
         f"{m['cpu']} ({m['cores']} cores{', AMX' if amx else ''}), {args.threads} threads, "
         f"torch {m['torch']}, {args.dtype}"
