@@ -314,3 +314,22 @@ def test_the_library_never_imports_onnx_at_import_time():
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_importing_and_running_on_the_cpu_never_loads_torch_dynamo():
+    """torch._dynamo (about half of a bare ``import bertlab``'s time when it was imported with
+    it) loads only for what needs it: export, compile, and the CUDA variable-length kernel."""
+    code = (
+        "import sys, torch, bertlab, bertlab.cli, bertlab.serve\n"
+        "from bertlab import BertConfig, BertModel, pipeline\n"
+        "for attn in ('packed', 'sdpa', 'eager'):\n"
+        "    cfg = BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=1,\n"
+        "                     num_attention_heads=4, intermediate_size=64,\n"
+        "                     attn_implementation=attn)\n"
+        "    with torch.no_grad():\n"
+        "        BertModel(cfg).eval()(torch.tensor([[1, 2, 3], [4, 5, 0]]),\n"
+        "                              torch.tensor([[1, 1, 1], [1, 1, 0]]))\n"
+        "pipeline('embed')(['a first text', 'and a second, longer one'])\n"
+        "assert 'torch._dynamo' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

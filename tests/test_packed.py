@@ -815,7 +815,7 @@ def test_varlen_kernel_gets_the_packing_and_its_result_is_returned(monkeypatch):
             out[s:e] = torch.nn.functional.scaled_dot_product_attention(*heads)[0].transpose(0, 1)
         return out
 
-    monkeypatch.setattr(bertlab.nn.attention, "varlen_attn", stand_in)
+    monkeypatch.setattr(bertlab.nn.attention, "varlen_kernel", lambda: stand_in)
     monkeypatch.setattr(bertlab.nn.attention, "varlen_ok", lambda q, dropout_p: True)
     with torch.no_grad():
         out, _ = bertlab.nn.attention.packed_attention(q, k, v, p, 0.0)
@@ -836,7 +836,7 @@ def test_varlen_kernel_only_where_it_can_run():
     if torch.cuda.is_available():  # pragma: no cover - CI has no GPU
         cuda = half.cuda()
         assert bertlab.nn.attention.varlen_ok(cuda, 0.0) == (
-            bertlab.nn.attention.varlen_attn is not None
+            bertlab.nn.attention.varlen_kernel() is not None
         )
         assert not bertlab.nn.attention.varlen_ok(cuda, 0.1)
         assert not bertlab.nn.attention.varlen_ok(cuda.float(), 0.0)
