@@ -13,8 +13,13 @@ Texts come from two places, and every corpus test runs in both modes:
   ``$BERTLAB_SHARED_DATA``): SST-2, CoNLL-2003 (sentences rebuilt by joining tokens with spaces),
   SQuAD v1.1 contexts and questions, WikiText-2. Skipped, with the reason, where it is absent.
 
-Where the two references disagree with each other (see ``references_disagree``), bertlab is held to
-the fast one. transformers is a test-only dependency: bertlab never imports it.
+On the shared data, input_ids and every other field are compared with fast on every line; the
+slower comparisons (the pure-Python legacy reference, one ``tokenize`` call per line, ``decode``)
+take an evenly spread subset of at most ``SUBSET`` rows of each call (``spread``), and the
+padding, truncation and window patterns that the fixtures run in full take one or two
+representative patterns there. Where the two references disagree with each other (see
+``references_disagree``), bertlab is held to the fast one. transformers is a test-only
+dependency: bertlab never imports it.
 """
 
 from __future__ import annotations
@@ -158,6 +163,19 @@ def squad_pairs(mode: str) -> list[tuple[str, str]]:
     return [(q, c) for q, c, _ in read_squad(data_files("squad", mode))]
 
 
+# The most rows of one call that go through the slower comparisons (the legacy reference, at
+# about 9,000 texts a second on a 2-core AMD EPYC, per-line tokenize, decode): every row of the
+# fixtures, an evenly spread subset of the shared data's ~94,000 texts. With the other cuts on
+# the shared data below, the file ran in 85 s instead of 158 s there.
+SUBSET = 8_000
+
+
+def spread(seq: Sequence[Any], n: int = SUBSET) -> list[int]:
+    """Indices of at most ``n`` rows spread evenly over ``seq`` (every one when it is shorter)."""
+    step = max(1, -(-len(seq) // n))
+    return list(range(0, len(seq), step))
+
+
 def chunks(seq: Sequence[Any], n: int = CHUNK) -> list[Sequence[Any]]:
     return [seq[i : i + n] for i in range(0, len(seq), n)]
 
@@ -237,19 +255,10 @@ def mode(request) -> str:
     return request.param
 
 
-@pytest.fixture(
-    params=[("uncased", "fixtures"), ("cased", "fixtures"), ("uncased", "shared")],
-    ids=lambda p: "-".join(p),
-)
-def case(request) -> tuple[Trio, str]:
-    """(vocabulary, mode) for the padding / truncation / window tests: both vocabularies on the
-    fixtures, the uncased one on every line of the shared data (these tests exercise the batch
-    machinery, which is the same for both vocabularies; it keeps the file's run time down)."""
-    name, mode = request.param
-    return load_case(request, name, mode), mode
-
-
 def load_case(request, name: str, mode: str) -> Trio:
+    """The vocabulary ``name`` for the padding / truncation / window tests, which run both
+    vocabularies on the fixtures and the uncased one on the shared data (they exercise the batch
+    machinery, the same for both vocabularies; it keeps the file's run time down)."""
     if mode == "shared" and not SHARED.is_dir():
         pytest.skip(SHARED_ABSENT)
     return request.getfixturevalue(name)
@@ -292,7 +301,10 @@ def references_disagree(trio: Trio, text: str) -> bool:
 
 def assert_ids_match_legacy(trio: Trio, got: list[list[int]], inputs: Sequence[Any], what: str):
     """bertlab's ids against the legacy reference, except where the references disagree with
-    each other (``references_disagree``: bertlab has already been held to fast there)."""
+    each other (``references_disagree``: bertlab has already been held to fast there), on a
+    ``spread`` of at most SUBSET of the rows."""
+    rows = spread(inputs)
+    got, inputs = [got[i] for i in rows], [inputs[i] for i in rows]
     if inputs and isinstance(inputs[0], tuple):
         ref = trio.legacy([a for a, _ in inputs], [b for _, b in inputs])["input_ids"]
         differs = [any(references_disagree(trio, t) for t in pair) for pair in inputs]
@@ -367,11 +379,12 @@ def test_single_texts_match_references(trio, mode, source):
     every other field against fast (offsets, word_ids, special tokens mask...), ``tokenize``
     (line by line) and ``decode`` (with and without special tokens).
 
-    Run time (the whole shared data is ~94,000 texts): every line goes to legacy too, ~13 s per
-    vocabulary, well under the 90 s at which a subset would do. The cased vocabulary, whose
-    engine set-up differs from the uncased one only in the normaliser, is compared by ids alone
-    on the shared data; all its fields, ``tokenize`` and ``decode`` are compared on the fixtures
-    and the hard strings."""
+    On the shared data (~94,000 texts) the legacy ids, ``tokenize`` and ``decode`` take the
+    ``spread`` of each source (at most SUBSET texts): with the uncased vocabulary the four
+    sources took 26 s instead of 52 s with every line (2-core AMD EPYC). The cased vocabulary,
+    whose engine set-up differs from the uncased one only in the normaliser, is compared by ids
+    alone on the shared data; all its fields, ``tokenize`` and ``decode`` are compared on the
+    fixtures and the hard strings."""
     batch = texts(source, mode)
     what = f"{trio.name} {source}"
     if trio.name == "cased" and mode == "shared":
@@ -384,19 +397,20 @@ def test_single_texts_match_references(trio, mode, source):
     ref = trio.fast(batch, **FULL)
     assert_batches_equal(ours, ref, batch, what)
     assert_ids_match_legacy(trio, ours["input_ids"], batch, source)
-    # fast's tokenize(t) is its encoding's tokens without [CLS]/[SEP] (one call per line costs
-    # ~6 s on the shared data; test_tokenize_and_decode_match_fast calls it on the fixtures)
+    # fast's tokenize(t) is its encoding's tokens without [CLS]/[SEP], one call per line
+    rows = spread(batch)
+    some, ids = [batch[i] for i in rows], [ref["input_ids"][i] for i in rows]
     assert_rows_equal(
-        [trio.ours.tokenize(t) for t in batch],
-        [ref.tokens(i)[1:-1] for i in range(len(batch))],
-        batch,
+        [trio.ours.tokenize(t) for t in some],
+        [ref.tokens(i)[1:-1] for i in rows],
+        some,
         f"{what} tokenize",
     )
     for skip in (False, True):
         assert_rows_equal(
-            trio.ours.batch_decode(ref["input_ids"], skip_special_tokens=skip),
-            trio.fast.batch_decode(ref["input_ids"], skip_special_tokens=skip),
-            batch,
+            trio.ours.batch_decode(ids, skip_special_tokens=skip),
+            trio.fast.batch_decode(ids, skip_special_tokens=skip),
+            some,
             f"{what} decode(skip_special_tokens={skip})",
         )
 
@@ -503,9 +517,26 @@ def kept_fits(trio: Trio, kept: list[str], max_length: int, stride: int = 0) -> 
     return [max_length - 3 - n > stride for n in lengths]
 
 
-@pytest.mark.parametrize("call", PAIR_CALLS, ids=lambda c: "-".join(map(str, c.values())))
-def test_squad_pair_batches(case, call):
-    trio, mode = case
+def pair_id(call: dict) -> str:
+    return "-".join(map(str, call.values()))
+
+
+# Both vocabularies on the fixtures; on the shared data (~3,800 pairs, ~3.5 s a call pattern) the
+# uncased one with the two patterns that truncate and pad at once: the context alone (SQuAD's)
+# and both texts.
+PAIR_CASES = [
+    pytest.param(name, "fixtures", call, id=f"{name}-fixtures-{pair_id(call)}")
+    for name in ("uncased", "cased")
+    for call in PAIR_CALLS
+] + [
+    pytest.param("uncased", "shared", PAIR_CALLS[i], id=f"uncased-shared-{pair_id(PAIR_CALLS[i])}")
+    for i in (0, 2)
+]
+
+
+@pytest.mark.parametrize("name, mode, call", PAIR_CASES)
+def test_squad_pair_batches(request, name, mode, call):
+    trio = load_case(request, name, mode)
     pairs = squad_pairs(mode)
     if call["truncation"] == "only_first":
         pairs = [(c, q) for q, c in pairs]
@@ -524,14 +555,23 @@ def test_squad_pair_batches(case, call):
 
 
 # ================================================================================ overflow
-@pytest.mark.parametrize("max_length", [64, 128])
-@pytest.mark.parametrize("stride", [16, 32])
-def test_squad_overflowing_windows(case, max_length, stride):
+# Both vocabularies with every window size and stride on the fixtures; on the shared data (~7 s a
+# pattern) the uncased one with the pattern closest to SQuAD's 384 / 128.
+WINDOW_CASES = [
+    pytest.param(name, "fixtures", max_length, stride, id=f"{name}-fixtures-{stride}-{max_length}")
+    for name in ("uncased", "cased")
+    for max_length in (64, 128)
+    for stride in (16, 32)
+] + [pytest.param("uncased", "shared", 128, 32, id="uncased-shared-32-128")]
+
+
+@pytest.mark.parametrize("name, mode, max_length, stride", WINDOW_CASES)
+def test_squad_overflowing_windows(request, name, mode, max_length, stride):
     """SQuAD's document stride: (question, context) with truncation="only_second", every window
     against fast (overflow_to_sample_mapping included), and each window mapped back to its
     example: the whole question, then a slice of the context that starts ``stride`` tokens
     before the previous window ended, the last one reaching the end of the context."""
-    trio, mode = case
+    trio = load_case(request, name, mode)
     all_pairs = squad_pairs(mode)
     fits = kept_fits(trio, [q for q, _ in all_pairs], max_length, stride)
     pairs = [p for p, ok in zip(all_pairs, fits, strict=True) if ok]
