@@ -1,9 +1,10 @@
 """Where a 256-sentence embedding request's time goes in ``bertlab serve``: the model's batch
 (``ServedModel.forward``) split into its parts, and the request's own CPU work beside it
 (tokenizing, finishing the vectors, writing the JSON answer). The output of one run is kept in
-benchmarks/serve-batch256-parts.txt.
+benchmarks/serve-batch256-parts.txt (Intel Xeon) and serve-batch256-parts-epyc.txt (AMD EPYC).
+int8 is the uncompiled int8 server's model, calibrated on the bundled sample.
 
-    python scripts/profile_serve_batch.py [--dtype bfloat16|float32] [--threads 2]
+    python scripts/profile_serve_batch.py [--dtype bfloat16|float32|int8] [--threads 2]
         [--sentences 256] [--repeat 20]
 
 The request is the one ``bertlab bench serve --workloads batch256`` sends first: the first
@@ -51,7 +52,10 @@ def timed(name: Callable[..., str], fn: Callable[..., Any]) -> Callable[..., Any
 
 
 def product_name(x: torch.Tensor, weight: Any, bias: Any, act=None, add=None) -> str:
-    width = weight.shape[0] if isinstance(weight, torch.Tensor) else "?"
+    if isinstance(weight, torch.Tensor):  # (out, in)
+        width = weight.shape[0]
+    else:  # an int8 weight: (in, out) int8 and its scales
+        width = weight.int8.shape[1]
     extra = f" + {act}" if act else (" + residual" if add is not None else "")
     return f"product {x.shape[-1]} -> {width}{extra}"
 
@@ -66,9 +70,47 @@ def cpu_ms(fn: Callable[[], Any], repeat: int) -> float:
     return 1000 * statistics.median(times)
 
 
+def median_seconds(call: Callable[[], Any], repeat: int) -> float:
+    for _ in range(3):
+        call()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def products_alone(model: ServedModel, tokens: int, dtype: str, repeat: int) -> dict[str, float]:
+    """Each distinct product shape of the encoder alone, as one plain PyTorch call on ``tokens``
+    rows of random values in the served precision (``torch._int_mm`` for int8; in float32 and
+    bfloat16 the fastest of three weight layouts), in GOP/s (2 operations a multiply-add)."""
+    config = model.config
+    h, i = config.hidden_size, config.intermediate_size
+    rates = {}
+    g = torch.Generator().manual_seed(0)
+    for k, n in ((h, 3 * h), (h, h), (h, i), (i, h)):
+        if dtype == "int8":
+            a = torch.randint(-127, 128, (tokens, k), dtype=torch.int8, generator=g)
+            w = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
+            calls = [lambda a=a, w=w: torch._int_mm(a, w.t())]
+        else:
+            a = torch.randn(tokens, k, generator=g).to(getattr(torch, dtype))
+            w = torch.randn(n, k, generator=g).to(a.dtype)
+            wt = w.t().contiguous()
+            calls = [
+                lambda a=a, w=w: a @ w.t(),
+                lambda a=a, wt=wt: a @ wt,
+                lambda a=a, w=w: torch.nn.functional.linear(a, w),
+            ]
+        best = min(median_seconds(call, repeat) for call in calls)
+        rates[f"{k} -> {n}"] = 2 * tokens * k * n / best / 1e9
+    return rates
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "int8"])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--sentences", type=int, default=256)
     p.add_argument("--repeat", type=int, default=20)
@@ -125,6 +167,21 @@ def main() -> None:
     print("the request's own CPU work (all threads), beside the batch:")
     for name, fn in work.items():
         print(f"  {name:40s} {cpu_ms(fn, args.repeat):7.2f} ms")
+    rates = products_alone(model, tokens, args.dtype, args.repeat)
+    h, i, layers = (model.config.hidden_size, model.config.intermediate_size,
+                    model.config.num_hidden_layers)  # fmt: skip
+    per_token = 2 * layers * (4 * h * h + 2 * h * i)  # the encoder's products, per token
+    print(f"each product shape alone, one plain call on {tokens:,} rows of random {args.dtype}:")
+    for name, rate in rates.items():
+        print(f"  {'one call ' + name:40s} {rate:7.0f} GOP/s")
+    floor = sum(
+        2 * tokens * k * n * layers / rates[f"{k} -> {n}"] / 1e9
+        for k, n in ((h, 3 * h), (h, h), (h, i), (i, h))
+    )
+    print(
+        f"the batch's products ({per_token / 1e6:.1f} MOP a token) at those rates: "
+        f"{1000 * floor:.1f} ms, {tokens / floor:,.0f} tokens/s with nothing else taking time"
+    )
 
 
 if __name__ == "__main__":

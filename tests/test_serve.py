@@ -10,6 +10,7 @@ import base64
 import concurrent.futures
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -811,12 +812,14 @@ def test_the_serving_process_keeps_freed_blocks_and_freezes_what_it_loaded(folde
     assert seen == ["keep", "load", ("listen", True, 8123)]
 
 
-def test_the_request_profile_times_every_part_of_the_batch():
+@pytest.mark.parametrize("dtype", ["float32", "int8"])
+def test_the_request_profile_times_every_part_of_the_batch(dtype):
     """scripts/profile_serve_batch.py splits a request's batch into its parts by timers around
     the encoder's calls: each part it names must be caught (a renamed function would leave a
-    part at zero and the rest growing), and the parts must fit inside the batch's time."""
+    part at zero and the rest growing), and the parts must fit inside the batch's time. Then
+    it times each product shape alone, and the batch's products at those rates."""
     script = Path(__file__).resolve().parent.parent / "scripts" / "profile_serve_batch.py"
-    cmd = [sys.executable, str(script), "--sentences", "8", "--repeat", "2", "--dtype", "float32"]
+    cmd = [sys.executable, str(script), "--sentences", "8", "--repeat", "2", "--dtype", dtype]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True).stdout
     lines = out.splitlines()
     whole = float(next(x for x in lines if x.startswith("with every part timed")).split()[4])
@@ -836,6 +839,22 @@ def test_the_request_profile_times_every_part_of_the_batch():
     assert all(ms > 0 for ms in parts.values()), out
     assert sum(parts.values()) <= whole, out
     assert "tokenize (ServedModel.encode)" in out and "8 bundled SST-2 dev sentences" in out
+    alone = {}
+    for line in lines:
+        name, _, rest = line.strip().partition("  ")
+        if name.startswith("one call"):
+            alone[name] = float(rest.split()[0])
+    assert set(alone) == {f"one call {s}" for s in ("384 -> 1152", "384 -> 384", "384 -> 1536",
+                                                    "1536 -> 384")}, out  # fmt: skip
+    assert all(rate > 0 for rate in alone.values()), out
+    # the batch's products at those rates: 21.2 MOP a token (6 layers, 384 wide, 1536 inside)
+    tokens = int(re.search(r"sentences, ([\d,]+) tokens", out).group(1).replace(",", ""))
+    ms, rate = re.search(
+        r"products \(21\.2 MOP a token\) at those rates: ([\d.]+) ms, ([\d,]+) to", out
+    ).groups()
+    slowest = min(alone.values())  # GOP/s
+    assert 0 < float(ms) <= 1000 * tokens * 21.2e6 / (slowest * 1e9) * 1.01 + 0.05, out
+    assert int(rate.replace(",", "")) == pytest.approx(tokens / float(ms) * 1000, rel=0.03), out
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
