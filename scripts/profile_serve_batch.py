@@ -60,36 +60,35 @@ def product_name(x: torch.Tensor, weight: Any, bias: Any, act=None, add=None) ->
     return f"product {x.shape[-1]} -> {width}{extra}"
 
 
-def cpu_ms(fn: Callable[[], Any], repeat: int) -> float:
-    """Median CPU time of ``fn`` over ``repeat`` calls, in ms (all threads of the process)."""
-    times = []
-    for _ in range(repeat):
-        start = time.process_time()
+def median_seconds(
+    fn: Callable[[], Any], repeat: int, clock: Callable[[], float] = time.perf_counter, warmup=0
+) -> float:
+    """Median time of ``fn`` over ``repeat`` calls after ``warmup`` untimed ones, in seconds of
+    ``clock`` (time.process_time: the CPU time of all the process's threads)."""
+    for _ in range(warmup):
         fn()
-        times.append(time.process_time() - start)
-    return 1000 * statistics.median(times)
-
-
-def median_seconds(call: Callable[[], Any], repeat: int) -> float:
-    for _ in range(3):
-        call()
     times = []
     for _ in range(repeat):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
+        start = clock()
+        fn()
+        times.append(clock() - start)
     return statistics.median(times)
 
 
-def products_alone(model: ServedModel, tokens: int, dtype: str, repeat: int) -> dict[str, float]:
-    """Each distinct product shape of the encoder alone, as one plain PyTorch call on ``tokens``
-    rows of random values in the served precision (``torch._int_mm`` for int8; in float32 and
-    bfloat16 the fastest of three weight layouts), in GOP/s (2 operations a multiply-add)."""
-    config = model.config
+def product_shapes(config: Any) -> list[tuple[int, int]]:
+    """(in, out) of each distinct product of an encoder layer: query/key/value together, the
+    attention's output, the feed-forward's two."""
     h, i = config.hidden_size, config.intermediate_size
-    rates = {}
+    return [(h, 3 * h), (h, h), (h, i), (i, h)]
+
+
+def products_alone(model: ServedModel, tokens: int, dtype: str, repeat: int) -> dict[str, float]:
+    """Each product shape of the encoder alone, as one plain PyTorch call on ``tokens`` rows of
+    random values in the served precision (``torch._int_mm`` for int8; in float32 and bfloat16
+    the fastest of three weight layouts): seconds a call, by (in, out)."""
+    seconds = {}
     g = torch.Generator().manual_seed(0)
-    for k, n in ((h, 3 * h), (h, h), (h, i), (i, h)):
+    for k, n in product_shapes(model.config):
         if dtype == "int8":
             a = torch.randint(-127, 128, (tokens, k), dtype=torch.int8, generator=g)
             w = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
@@ -103,9 +102,8 @@ def products_alone(model: ServedModel, tokens: int, dtype: str, repeat: int) -> 
                 lambda a=a, wt=wt: a @ wt,
                 lambda a=a, w=w: torch.nn.functional.linear(a, w),
             ]
-        best = min(median_seconds(call, repeat) for call in calls)
-        rates[f"{k} -> {n}"] = 2 * tokens * k * n / best / 1e9
-    return rates
+        seconds[k, n] = min(median_seconds(call, repeat, warmup=3) for call in calls)
+    return seconds
 
 
 def main() -> None:
@@ -166,18 +164,15 @@ def main() -> None:
     print(f"  {'the rest (embeddings, pooling, plan)':40s} {1000 * rest:7.2f} ms")
     print("the request's own CPU work (all threads), beside the batch:")
     for name, fn in work.items():
-        print(f"  {name:40s} {cpu_ms(fn, args.repeat):7.2f} ms")
-    rates = products_alone(model, tokens, args.dtype, args.repeat)
-    h, i, layers = (model.config.hidden_size, model.config.intermediate_size,
-                    model.config.num_hidden_layers)  # fmt: skip
-    per_token = 2 * layers * (4 * h * h + 2 * h * i)  # the encoder's products, per token
+        ms = 1000 * median_seconds(fn, args.repeat, time.process_time)
+        print(f"  {name:40s} {ms:7.2f} ms")
+    alone = products_alone(model, tokens, args.dtype, args.repeat)
+    layers = model.config.num_hidden_layers
+    per_token = 2 * layers * sum(k * n for k, n in alone)  # the encoder's products, per token
     print(f"each product shape alone, one plain call on {tokens:,} rows of random {args.dtype}:")
-    for name, rate in rates.items():
-        print(f"  {'one call ' + name:40s} {rate:7.0f} GOP/s")
-    floor = sum(
-        2 * tokens * k * n * layers / rates[f"{k} -> {n}"] / 1e9
-        for k, n in ((h, 3 * h), (h, h), (h, i), (i, h))
-    )
+    for (k, n), seconds in alone.items():
+        print(f"  {f'one call {k} -> {n}':40s} {2 * tokens * k * n / seconds / 1e9:7.0f} GOP/s")
+    floor = layers * sum(alone.values())
     print(
         f"the batch's products ({per_token / 1e6:.1f} MOP a token) at those rates: "
         f"{1000 * floor:.1f} ms, {tokens / floor:,.0f} tokens/s with nothing else taking time"

@@ -823,11 +823,12 @@ def test_the_request_profile_times_every_part_of_the_batch(dtype):
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True).stdout
     lines = out.splitlines()
     whole = float(next(x for x in lines if x.startswith("with every part timed")).split()[4])
-    parts = {}
+    values = {}  # "name   value unit" lines, by name
     for line in lines:
         name, _, rest = line.strip().partition("  ")
-        if name.startswith(("attention", "product", "LayerNorm")):
-            parts[name] = float(rest.split()[0])
+        if rest.strip():
+            values[name] = float(rest.split()[0])
+    parts = {k: v for k, v in values.items() if k.startswith(("attention", "product", "LayerNorm"))}
     assert set(parts) >= {
         "attention (packed)",
         "product 384 -> 1152",
@@ -839,11 +840,7 @@ def test_the_request_profile_times_every_part_of_the_batch(dtype):
     assert all(ms > 0 for ms in parts.values()), out
     assert sum(parts.values()) <= whole, out
     assert "tokenize (ServedModel.encode)" in out and "8 bundled SST-2 dev sentences" in out
-    alone = {}
-    for line in lines:
-        name, _, rest = line.strip().partition("  ")
-        if name.startswith("one call"):
-            alone[name] = float(rest.split()[0])
+    alone = {k: v for k, v in values.items() if k.startswith("one call")}
     assert set(alone) == {f"one call {s}" for s in ("384 -> 1152", "384 -> 384", "384 -> 1536",
                                                     "1536 -> 384")}, out  # fmt: skip
     assert all(rate > 0 for rate in alone.values()), out

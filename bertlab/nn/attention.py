@@ -37,9 +37,9 @@ from bertlab.nn.packing import WINDOW_ALIGN, Packing, WindowGroup
 @functools.cache
 def varlen_kernel() -> Callable[..., torch.Tensor] | None:
     """PyTorch's variable-length flash attention (CUDA, half precision), None where this PyTorch
-    has none. Imported on first use: its module imports torch._dynamo, which would add about a
-    second to every ``import bertlab`` (3.2 s instead of 2.0 s on a 2-core AMD EPYC), and only
-    CUDA runs call it."""
+    has none. Imported on first use: its module imports torch._dynamo, which doubled the time
+    of every ``import bertlab`` (3.2 s instead of 1.6 s on a 2-core AMD EPYC), and only CUDA
+    runs call it."""
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:  # pragma: no cover - older PyTorch
