@@ -5,13 +5,19 @@ benchmarks/serve-batch256-parts.txt (Intel Xeon) and serve-batch256-parts-epyc.t
 int8 is the uncompiled int8 server's model, calibrated on the bundled sample.
 
     python scripts/profile_serve_batch.py [--dtype bfloat16|float32|int8] [--threads 2]
-        [--sentences 256] [--repeat 20]
+        [--sentences 256] [--repeat 20] [--plain TOKENS_PER_S [--ratio 3]]
 
 The request is the one ``bertlab bench serve --workloads batch256`` sends first: the first
 ``--sentences`` bundled SST-2 dev sentences. The parts are timed by a wall-clock timer around
 each call (every product, attention call and LayerNorm of the encoder), not by torch.profiler,
 which on this workload reported the feed-forward's first product at three times its time. The
 process keeps freed memory as the server does (``bertlab.heap.keep_freed_memory``).
+
+``--plain`` takes another server's batch-256 throughput on this machine (tokens/s, from
+``bertlab bench serve``) and gives the budget of a batch served ``--ratio`` times as fast: its
+CPU time on the threads, less the products at the rates of the plain calls and the request's
+own work, is what is left for everything else (attention, LayerNorm, the activations, rounding
+to int8, embeddings, pooling, HTTP), set beside what everything else takes in the batch now.
 """
 
 from __future__ import annotations
@@ -112,9 +118,13 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--sentences", type=int, default=256)
     p.add_argument("--repeat", type=int, default=20)
+    p.add_argument("--plain", type=float, help="another server's tokens/s: the budget to beat it")
+    p.add_argument("--ratio", type=float, default=3.0, help="times --plain (default 3)")
     args = p.parse_args()
     if args.sentences < 1 or args.repeat < 1:
         p.error(f"--sentences and --repeat must be at least 1: {args.sentences}, {args.repeat}")
+    if args.plain is not None and not (args.plain > 0 and args.ratio > 0):
+        p.error(f"--plain and --ratio must be above 0: {args.plain}, {args.ratio}")
     torch.set_num_threads(args.threads)
     keep_freed_memory()
     model = ServedModel("default", bundled_model_dir(), dtype=args.dtype)
@@ -163,9 +173,11 @@ def main() -> None:
     rest = whole - sum(spent.values()) / args.repeat
     print(f"  {'the rest (embeddings, pooling, plan)':40s} {1000 * rest:7.2f} ms")
     print("the request's own CPU work (all threads), beside the batch:")
+    own = 0.0  # the request's own work, CPU seconds
     for name, fn in work.items():
-        ms = 1000 * median_seconds(fn, args.repeat, time.process_time)
-        print(f"  {name:40s} {ms:7.2f} ms")
+        seconds = median_seconds(fn, args.repeat, time.process_time)
+        own += seconds
+        print(f"  {name:40s} {1000 * seconds:7.2f} ms")
     alone = products_alone(model, tokens, args.dtype, args.repeat)
     layers = model.config.num_hidden_layers
     per_token = 2 * layers * sum(k * n for k, n in alone)  # the encoder's products, per token
@@ -177,6 +189,32 @@ def main() -> None:
         f"the batch's products ({per_token / 1e6:.1f} MOP a token) at those rates: "
         f"{1000 * floor:.1f} ms, {tokens / floor:,.0f} tokens/s with nothing else taking time"
     )
+    if args.plain is not None:
+        products = sum(s for name, s in spent.items() if name.startswith("product")) / args.repeat
+        budget(tokens, args, floor, own, products, whole)
+
+
+def budget(
+    tokens: int, args: argparse.Namespace, floor: float, own: float, products: float, whole: float
+) -> None:
+    """What a batch served ``args.ratio`` times as fast as ``args.plain`` leaves for everything
+    but the products (see the module's docstring). Seconds in, milliseconds out; CPU time is wall
+    time times the threads (the products and attention keep every thread busy)."""
+    threads, target = args.threads, args.ratio * args.plain
+    wall = tokens / target
+    left = threads * (wall - floor) - own
+    print(
+        f"{args.ratio:g}x the plain server's {args.plain:,.0f} tokens/s: {target:,.0f} tokens/s, "
+        f"this batch in {1000 * wall:.1f} ms on {threads} threads"
+    )
+    for name, seconds in (
+        ("CPU time of the batch at that speed", threads * wall),
+        ("the products at the plain calls' rates", threads * floor),
+        ("the request's own work (above)", own),
+        ("left for everything else", left),
+        ("everything else in the batch now", threads * (whole - products)),
+    ):
+        print(f"  {name:40s} {1000 * seconds:7.1f} ms")
 
 
 if __name__ == "__main__":

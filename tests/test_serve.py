@@ -817,9 +817,11 @@ def test_the_request_profile_times_every_part_of_the_batch(dtype):
     """scripts/profile_serve_batch.py splits a request's batch into its parts by timers around
     the encoder's calls: each part it names must be caught (a renamed function would leave a
     part at zero and the rest growing), and the parts must fit inside the batch's time. Then
-    it times each product shape alone, and the batch's products at those rates."""
+    it times each product shape alone, and the batch's products at those rates; given another
+    server's throughput, the budget of a batch served three times as fast."""
     script = Path(__file__).resolve().parent.parent / "scripts" / "profile_serve_batch.py"
     cmd = [sys.executable, str(script), "--sentences", "8", "--repeat", "2", "--dtype", dtype]
+    cmd += ["--plain", "2500"]  # tokens/s: 8 sentences take about 2 ms on 2 cores
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True).stdout
     lines = out.splitlines()
     whole = float(next(x for x in lines if x.startswith("with every part timed")).split()[4])
@@ -852,6 +854,18 @@ def test_the_request_profile_times_every_part_of_the_batch(dtype):
     slowest = min(alone.values())  # GOP/s
     assert 0 < float(ms) <= 1000 * tokens * 21.2e6 / (slowest * 1e9) * 1.01 + 0.05, out
     assert int(rate.replace(",", "")) == pytest.approx(tokens / float(ms) * 1000, rel=0.03), out
+    # the budget: the CPU time of the batch at 3 x 2,500 tokens/s on 2 threads, less the
+    # products at the plain calls' rates and the request's own work
+    assert "3x the plain server's 2,500 tokens/s: 7,500 tokens/s" in out, out
+    cpu = values["CPU time of the batch at that speed"]
+    assert cpu == pytest.approx(2 * 1000 * tokens / 7500, abs=0.06), out
+    own = values["tokenize (ServedModel.encode)"] + values["write the JSON answer (orjson)"]
+    products = values["the products at the plain calls' rates"]
+    assert products == pytest.approx(2 * float(ms), abs=0.2), out
+    assert values["the request's own work (above)"] == pytest.approx(own, abs=0.1), out
+    assert values["left for everything else"] == pytest.approx(cpu - products - own, abs=0.2), out
+    rest = 2 * (whole - sum(v for k, v in parts.items() if k.startswith("product")))
+    assert values["everything else in the batch now"] == pytest.approx(rest, abs=0.2), out
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
