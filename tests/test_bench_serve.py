@@ -1,9 +1,10 @@
 """bertlab bench serve: the load generator counts what it sent and what came back (successes,
 errors and 429s apart, latencies, tokens), percentiles are right on known data, servers are
-started, waited for and stopped (one that dies is named with its output), a system that cannot
+started, waited for and stopped (one that dies is named with its output), a peer that cannot
 run is reported as not run, and bad options are refused first. A stub server stands in for the
-real ones: a stdlib HTTP/1.1 server in its own process. Speed is recorded in benchmarks/, never
-asserted here."""
+real ones: a stdlib HTTP/1.1 server in its own process. The peers themselves (FastAPI +
+sentence-transformers, Infinity) are the benchmarks' harness's: tests/test_bench_harness.py.
+Speed is recorded in benchmarks/, never asserted here."""
 
 from __future__ import annotations
 
@@ -221,19 +222,23 @@ def test_the_benchmark_runs_every_workload_and_reports_what_it_could_not_run(tmp
         return np.eye(4, dtype=np.float32)[[i % 4 for i in range(len(texts))]]
 
     monkeypatch.setattr(serve, "reference_vectors", reference)
-    monkeypatch.setattr(
-        serve, "fastapi_st_spec", lambda d, port, t, dtype: stub_spec(tmp_path, "fastapi-st", port)
-    )
+
+    def absent(model_dir, port, threads, dtype):
+        raise serve.Unavailable("infinity-emb is not installed here")
+
+    peers = {
+        "fastapi-st": lambda d, port, t, dtype: stub_spec(tmp_path, "fastapi-st", port),
+        "infinity": absent,
+    }
     report = bench_serve(
         ("bertlab", "fastapi-st", "infinity"),
+        peers=peers,
         seconds=0.5,
         warmup=0.2,
         concurrency=4,
         requests=1000,
     )
-    assert report["unavailable"] == {
-        "infinity": 'no --infinity-venv given (set-up: benchmarks/README.md, "Serving over HTTP")'
-    }
+    assert report["unavailable"] == {"infinity": "infinity-emb is not installed here"}
     assert report["failed"] == {}
     for name in ("bertlab", "fastapi-st"):
         for w in ("batch1", "batch256"):
@@ -265,14 +270,20 @@ def test_the_benchmark_runs_every_workload_and_reports_what_it_could_not_run(tmp
     assert (tmp_path / "serve.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_the_command_reports_a_missing_system_as_not_run(capsys):
-    code = main(["bench", "serve", "--systems", "infinity", "--infinity-venv", "/nonexistent"])
-    out = capsys.readouterr().out
-    assert code == 0
-    assert "infinity: not run: --infinity-venv /nonexistent: no /nonexistent/bin/infinity_emb" in (
-        out
+def test_the_command_runs_bertlab_alone_and_says_where_the_other_servers_are(capsys):
+    """The peers moved to the benchmarks' harness: asked for by name, or by their option,
+    the command says where they are, before any server starts."""
+    assert serve.SYSTEMS == ("bertlab",)
+    assert main(["bench", "serve", "--systems", "infinity"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "bertlab bench serve: error: unknown system 'infinity'; choose from bertlab (the other "
+        "servers: benchmarks/harness/serve_peers.py, in bertlab's repository)\n"
     )
-    assert "overload: not run: bertlab's alone, and bertlab was not asked" in out
+    assert main(["bench", "serve", "--infinity-venv", "/nonexistent"]) == 2
+    err = capsys.readouterr().err
+    assert "--infinity-venv /nonexistent: bertlab bench serve measures bertlab's own server" in err
+    assert "benchmarks/harness/serve_peers.py" in err
 
 
 @pytest.mark.parametrize(
@@ -290,25 +301,16 @@ def test_bad_options_are_refused_by_name_before_any_server_starts(option, messag
     assert message in capsys.readouterr().err
 
 
-def test_every_server_can_be_benchmarked_in_bfloat16_and_int8(tmp_path, monkeypatch):
-    # Only the command lines are read here: the servers' packages need not be installed.
-    monkeypatch.setattr(serve.importlib.util, "find_spec", lambda name: object())
+def test_bertlab_can_be_benchmarked_in_bfloat16_and_int8():
+    # Only the command lines are read here: the server's packages need not be installed.
     plain = serve.bertlab_spec("MODEL", 1234, 2)
     assert "--dtype" not in plain.command  # float32: the server's default, nothing added
     bf16 = serve.bertlab_spec("MODEL", 1234, 2, limit=8, dtype="bfloat16")
     i = bf16.command.index("--dtype")
     assert bf16.command[i + 1] == "bfloat16" and "--max-concurrent-requests" in bf16.command
-    venv = tmp_path / "venv"
-    (venv / "bin").mkdir(parents=True)
-    (venv / "bin" / "infinity_emb").write_text("")
     for dtype in ("bfloat16", "int8"):
-        for spec in (
-            serve.bertlab_spec("MODEL", 1234, 2, dtype=dtype),
-            serve.fastapi_st_spec("MODEL", 1234, 2, dtype),
-            serve.infinity_spec("MODEL", 1234, str(venv), dtype),
-        ):
-            assert spec.command[spec.command.index("--dtype") + 1] == dtype, spec.name
-    assert "--dtype" not in serve.infinity_spec("MODEL", 1234, str(venv)).command
+        spec = serve.bertlab_spec("MODEL", 1234, 2, dtype=dtype)
+        assert spec.command[spec.command.index("--dtype") + 1] == dtype
     assert "--compile" not in plain.command
     assert "--compile" in serve.bertlab_spec("MODEL", 1234, 2, dtype="int8", compile=True).command
     with pytest.raises(
@@ -317,20 +319,6 @@ def test_every_server_can_be_benchmarked_in_bfloat16_and_int8(tmp_path, monkeypa
         bench_serve(("bertlab",), dtype="int4")
     with pytest.raises(ValueError, match="compile serves float32 and int8; got dtype bfloat16"):
         bench_serve(("bertlab",), dtype="bfloat16", compile=True)
-
-
-def test_the_plain_server_quantizes_its_model_as_infinity_does_in_int8():
-    from bertlab.bench.st_server import load_model
-    from bertlab.files import resolve_model_dir
-    from bertlab.pipelines import pipeline
-
-    texts = ["A warm, funny film.", "Stocks fell sharply on Monday in Tokyo"]
-    model = load_model(str(resolve_model_dir("default")), "int8")
-    linears = {type(m).__module__ for m in model.modules() if type(m).__name__ == "Linear"}
-    assert linears == {"torch.ao.nn.quantized.dynamic.modules.linear"}
-    got = model.encode(texts, normalize_embeddings=True)
-    cos = (got * pipeline("embed")(texts).numpy()).sum(-1)
-    assert (0.8 < cos).all() and (cos < 0.99999).all()  # int8, not float32 under another name
 
 
 def test_an_unknown_dtype_is_refused_by_the_command(capsys):

@@ -1,22 +1,18 @@
-"""``bertlab bench serve``: HTTP embedding servers under load, each its own process, driven over
+"""``bertlab bench serve``: bertlab's HTTP server under load, in its own process, driven over
 loopback from this one.
 
-Systems, each started from a command line and waited for until its health route answers:
-* ``bertlab``: ``bertlab serve DIR`` (``POST /embed``);
-* ``fastapi-st``: FastAPI + sentence-transformers as one would write it plainly
-  (``bertlab.bench.st_server``: one ``encode`` per request in FastAPI's thread pool);
-* ``infinity``: ``infinity_emb v2`` (torch engine, CPU) from a virtual environment of its own
-  (``--infinity-venv``: it pins older sentence-transformers, transformers and numpy), serving
-  ``POST /embeddings`` OpenAI-style.
-Every server gets the same model folder and thread count. One that cannot run here is reported
-as not run, with the reason; one that dies while starting, with the end of its output.
+The system is ``bertlab``: ``bertlab serve DIR`` (``POST /embed``), started from its command line
+and waited for until its health route answers. Other servers are compared with it by the
+benchmarks' harness (``benchmarks/harness/serve_peers.py`` in bertlab's repository: FastAPI +
+sentence-transformers, Infinity), which gives ``bench_serve`` their command lines as ``peers``:
+every server then gets the same model folder, thread count, sentences and load. A peer that
+cannot run here is reported as not run, with the reason; a server that dies while starting,
+with the end of its output.
 
-Every server runs its model in one precision (``--dtype``): float32; bfloat16 (bertlab's
-``--dtype bfloat16``, Infinity's, the plain server's model cast); or int8 (bertlab's calibrated
-int8, ``--compile`` to compile it; Infinity's ``--dtype int8`` and the plain server both use
-torch.ao's dynamic int8, as Infinity does on a CPU). Before the load, each server embeds the
-last QUALITY sentences once, in one request; their mean and lowest cosine to bertlab's float32
-pipeline and the share of nearest neighbours kept are the row's quality.
+Every server runs its model in one precision (``--dtype``): float32, bfloat16, or int8
+(bertlab's calibrated int8, ``--compile`` to compile it). Before the load, each server embeds
+the last QUALITY sentences once, in one request; their mean and lowest cosine to bertlab's
+float32 pipeline and the share of nearest neighbours kept are the row's quality.
 
 The load (``bertlab.bench.load``): asyncio clients over HTTP/1.1 keep-alive (httpx), a fixed
 number of them, each sending its next request when its last one is answered (a closed loop).
@@ -28,6 +24,10 @@ latency some request had). A 200 is a success (the first answer and every 100th 
 one vector per sentence, one width); a 429 is counted apart from the errors (any other status,
 or no answer). Server memory is the resident set (VmRSS in /proc/PID/status, the process and
 its children), sampled twice a second.
+
+The load generator (httpx, for the health checks and the quality request) and bertlab's server
+(starlette, uvicorn, orjson) come with the ``serve-bench`` extra: a missing one is named before
+any server starts.
 
 Workloads:
 * ``batch1``: ``--concurrency`` clients, one sentence per request (many short queries);
@@ -45,7 +45,6 @@ Workloads:
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 import sys
@@ -68,8 +67,9 @@ from bertlab.bench.load import (
 )
 from bertlab.bench.speed import machine
 from bertlab.data import sample_sentences
+from bertlab.extras import require
 
-SYSTEMS = ("bertlab", "fastapi-st", "infinity")
+SYSTEMS = ("bertlab",)  # the servers of the package; the harness adds its peers
 WORKLOADS = ("batch1", "batch256", "overload", "memory")
 DTYPES = ("float32", "bfloat16", "int8")  # the precisions every server is run in (--dtype)
 # Sentences each server embeds once, compared with bertlab's float32 pipeline: the last of the
@@ -82,7 +82,12 @@ FIRST = 1000  # memory is read after the first FIRST requests
 # the lighter load generator, bertlab's requests/s still rose from 32 to 64).
 SWEEP = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 OVERLOAD = 4  # times the saturating concurrency
-MODEL_NAME = "bench-model"  # the name Infinity serves the model under
+# Where the other servers are compared (a file of bertlab's repository, not of the package).
+HARNESS = "benchmarks/harness/serve_peers.py"
+
+# A peer: (model folder, port, threads, dtype) -> how to start it and talk to it; Unavailable
+# when it cannot run here.
+PeerSpec = Callable[[str, int | str, int, str], ServerSpec]
 
 
 class Unavailable(Exception):
@@ -90,19 +95,12 @@ class Unavailable(Exception):
 
 
 def embed_body(texts: list[str]) -> dict:
-    """TEI's ``/embed`` request (bertlab serve and fastapi-st); one sentence as a string."""
+    """TEI's ``/embed`` request (bertlab serve's); one sentence as a string."""
     return {"inputs": texts[0] if len(texts) == 1 else texts, "normalize": True}
 
 
-def openai_body(texts: list[str]) -> dict:
-    return {"input": texts[0] if len(texts) == 1 else texts, "model": MODEL_NAME}
-
-
-def openai_vectors(answer: dict) -> list:
-    return [d["embedding"] for d in answer["data"]]
-
-
-def _version(dist: str) -> str:
+def installed_version(dist: str) -> str:
+    """The installed version of the distribution ``dist``, or "unknown"."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -119,54 +117,15 @@ def bertlab_spec(
     dtype: str = "float32",
     compile: bool = False,
 ) -> ServerSpec:
-    if importlib.util.find_spec("bertlab.serve") is None:
-        raise Unavailable("this bertlab has no server yet (no bertlab.serve module)")
-    missing = [m for m in ("starlette", "uvicorn") if importlib.util.find_spec(m) is None]
-    if missing:
-        raise Unavailable(f"{', '.join(missing)} not installed (pip install 'bertlab[serve]')")
     command = [sys.executable, "-m", "bertlab.cli.main", "serve", model_dir, "--host", HOST]
     command += ["--port", str(port), "--threads", str(threads), "--log-level", "warning"]
     command += ["--max-client-batch-size", str(BATCH)]  # its default, TEI's, is 32 texts
     command += ["--max-concurrent-requests", str(limit)] if limit else []
     command += ["--dtype", dtype] if dtype != "float32" else []
     command += ["--compile"] if compile else []
-    return ServerSpec("bertlab", command, "/embed", embed_body, list, _version("bertlab"))
+    return ServerSpec("bertlab", command, "/embed", embed_body, list, installed_version("bertlab"))
 
 
-def fastapi_st_spec(
-    model_dir: str, port: int | str, threads: int, dtype: str = "float32"
-) -> ServerSpec:
-    need = ("fastapi", "uvicorn", "sentence_transformers")
-    missing = [m for m in need if importlib.util.find_spec(m) is None]
-    if missing:
-        raise Unavailable(f"{', '.join(missing)} not installed (pip install fastapi uvicorn)")
-    command = [sys.executable, "-m", "bertlab.bench.st_server", model_dir, "--host", HOST]
-    command += ["--port", str(port), "--threads", str(threads)]
-    command += ["--dtype", dtype] if dtype != "float32" else []
-    version = f"sentence-transformers {_version('sentence-transformers')}"
-    return ServerSpec("fastapi-st", command, "/embed", embed_body, list, version)
-
-
-def infinity_spec(
-    model_dir: str, port: int | str, venv: str | None, dtype: str = "float32"
-) -> ServerSpec:
-    if not venv:
-        raise Unavailable(
-            'no --infinity-venv given (set-up: benchmarks/README.md, "Serving over HTTP")'
-        )
-    exe = Path(venv) / "bin" / "infinity_emb"
-    if not exe.is_file():
-        raise Unavailable(f"--infinity-venv {venv}: no {exe} (pip install infinity-emb there)")
-    dist = sorted(Path(venv).glob("lib/python*/site-packages/infinity_emb-*.dist-info"))
-    version = dist[-1].name.removesuffix(".dist-info").split("-")[1] if dist else "unknown"
-    command = [str(exe), "v2", "--model-id", model_dir, "--served-model-name", MODEL_NAME]
-    command += ["--engine", "torch", "--device", "cpu", "--host", HOST, "--port", str(port)]
-    command += ["--log-level", "warning"]
-    command += ["--dtype", dtype] if dtype != "float32" else []  # float32: its "auto" on CPU
-    return ServerSpec("infinity", command, "/embeddings", openai_body, openai_vectors, version)
-
-
-# ============================================================================ servers
 # ============================================================================ the load
 def serve_texts() -> list[str]:
     """The bundled SST-2 sentences: dev, then train, in file order."""
@@ -183,12 +142,18 @@ def check_options(
     warmup: float,
     dtype: str = "float32",
     compile: bool = False,
+    known: tuple[str, ...] = SYSTEMS,
 ) -> None:
-    """Refuse what cannot be run, naming the value, before any server starts."""
-    for kind, given, known in (("system", systems, SYSTEMS), ("workload", workloads, WORKLOADS)):
-        bad = [x for x in given if x not in known] or ([] if given else ["(none)"])
+    """Refuse what cannot be run, naming the value, and a missing package, naming the extra
+    that brings it, before any server starts. ``known``: the systems there are (bertlab's and
+    the peers given)."""
+    for kind, given, choices in (("system", systems, known), ("workload", workloads, WORKLOADS)):
+        bad = [x for x in given if x not in choices] or ([] if given else ["(none)"])
         if bad:
-            raise ValueError(f"unknown {kind} {bad[0]!r}; choose from {', '.join(known)}")
+            where = ""  # the package's own systems alone: say where the others are
+            if kind == "system" and choices == SYSTEMS:
+                where = f" (the other servers: {HARNESS}, in bertlab's repository)"
+            raise ValueError(f"unknown {kind} {bad[0]!r}; choose from {', '.join(choices)}{where}")
     if not 0 < seconds <= 3600:
         raise ValueError(f"seconds must be above 0 and at most 3600; got {seconds:g}")
     if not 1 <= concurrency <= 1024:
@@ -220,6 +185,9 @@ def check_options(
         why = Compiled.available()
         if why is not None:
             raise ValueError(f"compile cannot run here: {why}")
+    require(["httpx"], "serve-bench", "the load generator")
+    if "bertlab" in systems:
+        require(["starlette", "uvicorn", "orjson"], "serve-bench", "bertlab's server")
 
 
 @dataclass
@@ -248,28 +216,33 @@ class Bench:
 
 
 def bench_serve(
-    systems: tuple[str, ...] = SYSTEMS,
+    systems: tuple[str, ...] | None = None,
     workloads: tuple[str, ...] = WORKLOADS,
     *,
+    peers: dict[str, PeerSpec] | None = None,
     model: str = "default",
     seconds: float = 30.0,
     concurrency: int = 32,
     requests: int = 100_000,
     warmup: float = 3.0,
     threads: int | None = None,
-    infinity_venv: str | None = None,
     dtype: str = "float32",
     compile: bool = False,
     progress: Callable[[str], None] = lambda _: None,
 ) -> dict[str, Any]:
     """Every system on the compared workloads; bertlab also under overload and for memory.
-    ``dtype``: the precision every server runs its model in; ``compile``: bertlab's server
-    with ``--compile``. Each server first embeds QUALITY sentences once, compared with bertlab's
-    float32 pipeline (``quality``)."""
+    ``systems``: by name, of bertlab's and ``peers``' (default: all of them); ``peers``: other
+    servers, name -> ``PeerSpec`` (the benchmarks' harness gives them). ``dtype``: the precision
+    every server runs its model in; ``compile``: bertlab's server with ``--compile``. Each
+    server first embeds QUALITY sentences once, compared with bertlab's float32 pipeline
+    (``quality``)."""
     from bertlab.files import resolve_model_dir
     from bertlab.tokenizer import BertTokenizer
 
-    check_options(systems, workloads, seconds, concurrency, requests, warmup, dtype, compile)
+    peers = peers or {}
+    known = (*SYSTEMS, *peers)
+    systems = known if systems is None else systems
+    check_options(systems, workloads, seconds, concurrency, requests, warmup, dtype, compile, known)
     model_dir = str(resolve_model_dir(model))
     threads = threads or os.cpu_count() or 1
     texts = serve_texts()
@@ -294,13 +267,13 @@ def bench_serve(
     if "bertlab" not in systems:
         for w in (w for w in workloads if w not in COMPARED):
             report["unavailable"][w] = "bertlab's alone, and bertlab was not asked"
-    specs = {
+    specs: dict[str, Callable[..., ServerSpec]] = {
         "bertlab": lambda port, limit=None: bertlab_spec(
             model_dir, port, threads, limit, dtype, compile
         ),
-        "fastapi-st": lambda port, limit=None: fastapi_st_spec(model_dir, port, threads, dtype),
-        "infinity": lambda port, limit=None: infinity_spec(model_dir, port, infinity_venv, dtype),
     }
+    for name, peer in peers.items():  # a peer never runs with a limit (overload is bertlab's)
+        specs[name] = lambda port, limit=None, peer=peer: peer(model_dir, port, threads, dtype)
     with tempfile.TemporaryDirectory(prefix="bertlab-bench-serve-") as tmp:
         bench = Bench(
             specs, texts, tokens, threads, Path(tmp), seconds, warmup, concurrency, progress,

@@ -9,11 +9,18 @@ bertlab bench runtimes                 bertlab against ONNX Runtime, OpenVINO an
 bertlab bench pretrain                 one pre-training run on each side
 bertlab bench finetune TASK            one fine-tuning run on each side, same time budget
 bertlab bench precision TASK           a fine-tuned model's dev figures in float32, bf16, int8
-bertlab bench serve                    HTTP servers under load: bertlab, FastAPI + ST, Infinity
+bertlab bench serve                    bertlab's HTTP server under load
 
 ``bertlab bench [WORKLOAD ...] [options]`` with no subcommand is ``bertlab bench speed``. Each
 command parses, calls one function of ``bertlab.bench`` and prints; Ctrl-C during ``speed``
-writes the report of what was measured, marked ``"interrupted": true``, and exits 130.
+writes the report of what was measured, marked ``"interrupted": true``, and exits 130. A package
+a command needs (transformers, matplotlib for ``--plot``, httpx ...) is checked before its work
+starts, and a missing one is named with the extra that installs it.
+
+The other HTTP servers (FastAPI + sentence-transformers, Infinity) are compared with bertlab's by
+the benchmarks' harness in bertlab's repository, ``benchmarks/harness/serve_peers.py``, which
+takes the options of ``bertlab bench serve`` (``add_serve_options``) and runs
+``cmd_bench_serve`` with its peers.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from typing import Any
 
 import torch
 
+from bertlab.extras import require
 from bertlab.files import BUNDLED_NAMES
 
 SUBCOMMANDS = (
@@ -113,10 +121,18 @@ def _csv(text: str) -> list[str]:
     return [x for x in text.split(",") if x]
 
 
+def check_plot(args: argparse.Namespace, extra: str) -> None:
+    """``--plot``: matplotlib draws the chart; a missing one is named before the run, not after
+    it (``extra``: the command's own extra, which brings matplotlib)."""
+    if getattr(args, "plot", None):
+        require(["matplotlib"], extra, "--plot")
+
+
 # ============================================================================ commands
 def cmd_bench_speed(args: argparse.Namespace) -> int:
     from bertlab.bench.speed import plot, run_suite
 
+    check_plot(args, "bench")
     report = run_suite(
         args.workloads,
         _csv(args.models),
@@ -189,6 +205,7 @@ def cmd_bench_runtimes(args: argparse.Namespace) -> int:
 
     if args.plot and not Path(args.plot).parent.is_dir():
         raise FileNotFoundError(f"--plot {args.plot}: the folder does not exist")
+    check_plot(args, "runtimes")
     report = bench_runtimes(
         args.model,
         args.data,
@@ -220,6 +237,7 @@ def cmd_bench_pretrain(args: argparse.Namespace) -> int:
 
     check_counts(steps=args.steps, threads=args.threads)
     require_transformers()
+    check_plot(args, "bench")
     if args.threads:
         torch.set_num_threads(args.threads)
     r = bench_pretrain(
@@ -266,6 +284,7 @@ def cmd_bench_finetune(args: argparse.Namespace) -> int:
         raise ValueError(f"bench finetune starts from one model; got {option} {model}")
     check_counts(threads=args.threads)
     require_transformers()
+    check_plot(args, "bench")
     if args.threads:
         torch.set_num_threads(args.threads)
     config = FinetuneConfig(
@@ -321,9 +340,11 @@ def cmd_bench_precision(args: argparse.Namespace) -> int:
     return _finish(args, {"machine": machine(), "precision": r}, None)
 
 
-def cmd_bench_serve(args: argparse.Namespace) -> int:
+def cmd_bench_serve(args: argparse.Namespace, peers: dict | None = None) -> int:
+    """``bertlab bench serve``; with ``peers`` (name -> ``bertlab.bench.serve.PeerSpec``), the
+    harness's comparison with other servers, on the same options."""
     from bertlab.bench.serve import (
-        SYSTEMS,
+        HARNESS,
         WORKLOADS,
         bench_serve,
         markdown_table,
@@ -331,18 +352,24 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
         summary_lines,
     )
 
+    if getattr(args, "infinity_venv", None) and not peers:
+        raise ValueError(
+            f"--infinity-venv {args.infinity_venv}: bertlab bench serve measures bertlab's own "
+            f"server; Infinity is compared with it by {HARNESS}, in bertlab's repository"
+        )
     if args.plot and not Path(args.plot).parent.is_dir():
         raise FileNotFoundError(f"--plot {args.plot}: the folder does not exist")
+    check_plot(args, "serve-bench")
     report = bench_serve(
-        tuple(_csv(args.systems)) if args.systems is not None else SYSTEMS,
+        tuple(_csv(args.systems)) if args.systems is not None else None,
         tuple(_csv(args.workloads)) if args.workloads is not None else WORKLOADS,
+        peers=peers,
         model=args.model,
         seconds=args.seconds,
         concurrency=args.concurrency,
         requests=args.requests,
         warmup=args.warmup,
         threads=args.threads,
-        infinity_venv=args.infinity_venv,
         dtype=args.dtype,
         compile=args.compile,
         progress=lambda line: print(line, file=sys.stderr, flush=True),
@@ -530,46 +557,44 @@ def add_bench_parsers(sub: argparse._SubParsersAction) -> None:
 
     srv = what.add_parser(
         "serve",
-        help="HTTP embedding servers under load: bertlab, FastAPI + sentence-transformers, "
-        "Infinity",
-        description="Each server in its own process, driven over loopback by concurrent "
+        help="bertlab's HTTP embedding server under load",
+        description="bertlab serve in its own process, driven over loopback by concurrent "
         "clients from this one: throughput (tokens/s, requests/s), p50/p95/p99 latency, errors "
-        "and server memory; bertlab also under 4x its saturating load (429s) and over "
-        "--requests requests (memory). A system that cannot run here is reported as not run.",
+        "and server memory; also under 4x its saturating load (429s) and over --requests "
+        "requests (memory). Needs pip install 'bertlab[serve-bench]'. The comparison with other "
+        "servers (FastAPI + sentence-transformers, Infinity) is the benchmarks' harness: "
+        "benchmarks/harness/serve_peers.py in bertlab's repository, with these options.",
     )
-    srv.add_argument(
-        "--model", default=BUNDLED_NAMES[0], help="the model folder every server loads"
-    )
-    srv.add_argument(
-        "--systems", help="comma-separated: bertlab, fastapi-st, infinity (default: all)"
-    )
-    srv.add_argument(
+    add_serve_options(srv)
+    # Infinity is the harness's peer now: given here, the option is refused, saying where it went.
+    srv.add_argument("--infinity-venv", help=argparse.SUPPRESS)
+    srv.set_defaults(func=cmd_bench_serve)
+
+
+def add_serve_options(p: argparse.ArgumentParser, systems: str = "bertlab") -> None:
+    """The options of ``bertlab bench serve`` (and of the harness's ``serve_peers.py``, whose
+    ``systems`` are bertlab's and its peers')."""
+    p.add_argument("--model", default=BUNDLED_NAMES[0], help="the model folder every server loads")
+    p.add_argument("--systems", help=f"comma-separated: {systems} (default: all)")
+    p.add_argument(
         "--workloads", help="comma-separated: batch1, batch256, overload, memory (default: all)"
     )
-    srv.add_argument("--seconds", type=float, default=30.0, help="timed seconds per workload")
-    srv.add_argument("--warmup", type=float, default=3.0, help="seconds before each, not counted")
-    srv.add_argument("--concurrency", type=int, default=32, help="clients of batch1 and memory")
-    srv.add_argument(
-        "--requests", type=int, default=100_000, help="requests of the memory workload"
-    )
-    srv.add_argument("--threads", type=int, help="threads of every server (default: the cores)")
-    srv.add_argument(
+    p.add_argument("--seconds", type=float, default=30.0, help="timed seconds per workload")
+    p.add_argument("--warmup", type=float, default=3.0, help="seconds before each, not counted")
+    p.add_argument("--concurrency", type=int, default=32, help="clients of batch1 and memory")
+    p.add_argument("--requests", type=int, default=100_000, help="requests of the memory workload")
+    p.add_argument("--threads", type=int, help="threads of every server (default: the cores)")
+    p.add_argument(
         "--dtype",
         choices=["float32", "bfloat16", "int8"],
         default="float32",
-        help="the precision every server runs its model in (int8: bertlab's calibrated int8; "
-        "the others' dynamic int8, torch.ao's quantize_dynamic)",
+        help="the precision every server runs its model in (int8: bertlab's calibrated int8)",
     )
-    srv.add_argument(
+    p.add_argument(
         "--compile", action="store_true", help="bertlab's server with --compile (float32, int8)"
     )
-    srv.add_argument(
-        "--infinity-venv",
-        metavar="PATH",
-        help='a virtual environment with infinity-emb (benchmarks/README.md, "Serving over HTTP")',
-    )
-    common(srv)
-    srv.set_defaults(func=cmd_bench_serve)
+    p.add_argument("--out", help="write the JSON report here")
+    p.add_argument("--plot", help="write the chart here (PNG)")
 
 
 def default_subcommand(argv: list[str]) -> list[str]:

@@ -2,8 +2,8 @@
 latency over 200 calls and torch.profiler's operator table over 50. Prints both; the before and
 after of the batch-1 work are kept in benchmarks/ (batch1-profile-*.txt).
 
-    python scripts/profile_batch1.py [--threads 2] [--dtype float32|bfloat16|int8] [--compiled]
-        [--batch 1]
+    python benchmarks/harness/profile_batch1.py [--threads 2] [--dtype float32|bfloat16|int8]
+        [--compiled] [--batch 1]
 
 int8 is the model quantize_int8 makes, calibrated as ``bertlab bench runtimes`` calibrates it.
 ``--compiled`` times bertlab.nn.compiled.Compiled(model) instead. Its program's kernels are

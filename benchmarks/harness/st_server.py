@@ -1,8 +1,9 @@
-"""The plain baseline of ``bertlab bench serve``: FastAPI + sentence-transformers, as one would
-write it in an afternoon. One ``SentenceTransformer(DIR).encode(...)`` per request, in FastAPI's
-thread pool (a plain ``def`` route), no batching across requests, no admission control.
+"""The plain server of ``serve_peers.py``: FastAPI + sentence-transformers, as one would write it
+in an afternoon. One ``SentenceTransformer(DIR).encode(...)`` per request, in FastAPI's thread
+pool (a plain ``def`` route), no batching across requests, no admission control. Needs
+requirements.txt beside it (fastapi, sentence-transformers) and uvicorn.
 
-    python -m bertlab.bench.st_server DIR --port P [--host 127.0.0.1] [--threads N]
+    python benchmarks/harness/st_server.py DIR --port P [--host 127.0.0.1] [--threads N]
         [--dtype float32|bfloat16|int8]
 
 Routes, the same shapes as ``bertlab serve``'s: ``GET /health`` (200 once the model is
@@ -56,7 +57,7 @@ def build_app(model_dir: str, dtype: str = "float32"):  # -> fastapi.FastAPI
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m bertlab.bench.st_server", description=__doc__)
+    p = argparse.ArgumentParser(prog="st_server.py", description=__doc__)
     p.add_argument("model", help="a sentence-transformers model folder")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)

@@ -4,7 +4,7 @@
 benchmarks/serve-batch256-parts.txt (Intel Xeon) and serve-batch256-parts-epyc.txt (AMD EPYC).
 int8 is the uncompiled int8 server's model, calibrated on the bundled sample.
 
-    python scripts/profile_serve_batch.py [--dtype bfloat16|float32|int8] [--threads 2]
+    python benchmarks/harness/profile_serve_batch.py [--dtype bfloat16|float32|int8] [--threads 2]
         [--sentences 256] [--repeat 20] [--plain TOKENS_PER_S [--ratio 3]]
 
 The request is the one ``bertlab bench serve --workloads batch256`` sends first: the first
@@ -14,10 +14,11 @@ which on this workload reported the feed-forward's first product at three times 
 process keeps freed memory as the server does (``bertlab.heap.keep_freed_memory``).
 
 ``--plain`` takes another server's batch-256 throughput on this machine (tokens/s, from
-``bertlab bench serve``) and gives the budget of a batch served ``--ratio`` times as fast: its
-CPU time on the threads, less the products at the rates of the plain calls and the request's
-own work, is what is left for everything else (attention, LayerNorm, the activations, rounding
-to int8, embeddings, pooling, HTTP), set beside what everything else takes in the batch now.
+``serve_peers.py`` beside this script) and gives the budget of a batch served ``--ratio`` times
+as fast: its CPU time on the threads, less the products at the rates of the plain calls and the
+request's own work, is what is left for everything else (attention, LayerNorm, the activations,
+rounding to int8, embeddings, pooling, HTTP), set beside what everything else takes in the batch
+now.
 """
 
 from __future__ import annotations

@@ -1,0 +1,112 @@
+"""The benchmarks' harness (benchmarks/harness/), outside the installed package: the peers that
+serve_peers.py runs beside bertlab's server (their command lines in every precision, a peer
+that cannot run reported as not run), the plain server's int8 model, and the package holding
+none of it. The load itself is tested in tests/test_bench_serve.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    tomllib = None
+
+ROOT = Path(__file__).resolve().parents[1]
+HARNESS = ROOT / "benchmarks" / "harness"
+
+
+def harness(name: str):
+    """A harness script as a module, loaded from its file (the folder is no package)."""
+    spec = importlib.util.spec_from_file_location(f"harness_{name}", HARNESS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_peer_that_cannot_run_is_reported_as_not_run(capsys):
+    peers = harness("serve_peers")
+    code = peers.main(["--systems", "infinity", "--infinity-venv", "/nonexistent"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "infinity: not run: --infinity-venv /nonexistent: no /nonexistent/bin/infinity_emb" in (
+        out
+    )
+    assert "overload: not run: bertlab's alone, and bertlab was not asked" in out
+
+
+def test_the_harness_refuses_an_unknown_system_naming_its_own_choices(capsys):
+    peers = harness("serve_peers")
+    assert peers.main(["--systems", "bertlab,tei"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "serve_peers.py: error: unknown system 'tei'; choose from bertlab, fastapi-st, infinity\n"
+    )
+    assert peers.main(["--seconds", "0"]) == 2  # bertlab bench serve's checks, the same
+    assert "seconds must be above 0 and at most 3600; got 0" in capsys.readouterr().err
+
+
+def test_every_peer_can_be_benchmarked_in_bfloat16_and_int8(tmp_path, monkeypatch):
+    peers = harness("serve_peers")
+    # Only the command lines are read here: the servers' packages need not be installed.
+    monkeypatch.setattr(peers, "installed", lambda name: True)
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "infinity_emb").write_text("")
+    specs = peers.peers(str(venv))
+    assert set(specs) == {"fastapi-st", "infinity"}
+    for dtype in ("bfloat16", "int8"):
+        for name, spec in specs.items():
+            command = spec("MODEL", 1234, 2, dtype).command
+            assert command[command.index("--dtype") + 1] == dtype, name
+    assert "--dtype" not in specs["infinity"]("MODEL", 1234, 2, "float32").command
+    plain = specs["fastapi-st"]("MODEL", 1234, 2, "float32").command
+    assert plain[1] == str(HARNESS / "st_server.py") and "--dtype" not in plain
+    monkeypatch.setattr(peers, "installed", lambda name: name != "fastapi")
+    with pytest.raises(peers.Unavailable, match=r"fastapi not installed \(pip install -r bench"):
+        specs["fastapi-st"]("MODEL", 1234, 2, "float32")
+    with pytest.raises(peers.Unavailable, match="no --infinity-venv given"):
+        peers.peers(None)["infinity"]("MODEL", 1234, 2, "float32")
+
+
+def test_the_plain_server_quantizes_its_model_as_infinity_does_in_int8():
+    from bertlab.files import resolve_model_dir
+    from bertlab.pipelines import pipeline
+
+    load_model = harness("st_server").load_model
+    texts = ["A warm, funny film.", "Stocks fell sharply on Monday in Tokyo"]
+    model = load_model(str(resolve_model_dir("default")), "int8")
+    linears = {type(m).__module__ for m in model.modules() if type(m).__name__ == "Linear"}
+    assert linears == {"torch.ao.nn.quantized.dynamic.modules.linear"}
+    got = model.encode(texts, normalize_embeddings=True)
+    cos = (got * pipeline("embed")(texts).numpy()).sum(-1)
+    assert (0.8 < cos).all() and (cos < 0.99999).all()  # int8, not float32 under another name
+
+
+def test_the_package_holds_no_peer_and_its_extras_none_of_their_packages():
+    """What only produces the project's records against other systems lives in the harness:
+    no file of the installed package starts another server or a profiler's script, and the
+    package's extras (but the development set, ``test``) install none of the peers' packages."""
+    pattern = re.compile(r"st_server|infinity_emb|import fastapi|from fastapi|profile_batch1")
+    found = [
+        str(path.relative_to(ROOT))
+        for path in sorted((ROOT / "bertlab").rglob("*.py"))
+        if pattern.search(path.read_text(encoding="utf-8"))
+    ]
+    assert found == []
+    if tomllib is None:
+        pytest.skip("reading pyproject.toml needs tomllib (Python 3.11 or later)")
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    for name, requirements in extras.items():
+        if name != "test":
+            assert not [r for r in requirements if r.startswith(("fastapi", "sentence-"))], name
+    assert {"st_server.py", "serve_peers.py", "profile_batch1.py", "profile_serve_batch.py"} <= {
+        p.name for p in HARNESS.iterdir()
+    }
+    assert "requirements.txt" in (HARNESS / "README.md").read_text()
