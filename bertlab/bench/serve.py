@@ -26,8 +26,8 @@ or no answer). Server memory is the resident set (VmRSS in /proc/PID/status, the
 its children), sampled twice a second.
 
 The load generator (httpx, for the health checks and the quality request) and bertlab's server
-(starlette, uvicorn, orjson) come with the ``serve-bench`` extra: a missing one is named before
-any server starts.
+(starlette, uvicorn) come with the ``serve-bench`` extra: a missing one is named before any
+server starts.
 
 Workloads:
 * ``batch1``: ``--concurrency`` clients, one sentence per request (many short queries);
@@ -186,8 +186,8 @@ def check_options(
         if why is not None:
             raise ValueError(f"compile cannot run here: {why}")
     require(["httpx"], "serve-bench", "the load generator")
-    if "bertlab" in systems:
-        require(["starlette", "uvicorn", "orjson"], "serve-bench", "bertlab's server")
+    if "bertlab" in systems:  # (orjson, the server's JSON writer, has a fallback)
+        require(["starlette", "uvicorn"], "serve-bench", "bertlab's server")
 
 
 @dataclass

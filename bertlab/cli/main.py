@@ -33,6 +33,7 @@ from bertlab.cli.explore import add_parsers as add_explore_parsers
 from bertlab.cli.export import add_parsers as add_export_parsers
 from bertlab.cli.serve import add_parsers as add_serve_parsers
 from bertlab.cli.tasks import add_task_parsers
+from bertlab.extras import extra_for, missing_message
 from bertlab.files import BUNDLED_NAMES, resolve_model_dir
 from bertlab.nn.config import PRESETS, resolve_source
 
@@ -411,14 +412,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """``bertlab ARGS``: the exit status is the command's (0 done, 1 a check failed), 2 for bad
-    input (named on standard error before any work), 130 for Ctrl-C, 141 when the reader of
-    standard output went away (``bertlab tokenize ... | head -1``): quietly, as other tools."""
+    input (named on standard error before any work) and for a missing optional package (named
+    with the extra that installs it), 130 for Ctrl-C, 141 when the reader of standard output
+    went away (``bertlab tokenize ... | head -1``): quietly, as other tools."""
     argv = default_subcommand(list(sys.argv[1:] if argv is None else argv))
     args = build_parser().parse_args(argv)
     try:
         code = args.func(args)
         sys.stdout.flush()  # a closed pipe shows here, not at exit, where it can't be caught
         return code
+    except ModuleNotFoundError as e:
+        # An optional package a command reached without checking for it first: named, with
+        # the extra that installs it. Any other missing module is a fault, and says so in full.
+        module = (e.name or "").partition(".")[0]
+        extra = extra_for(module)
+        if extra is None:
+            raise
+        print(f"{args._command}: error: {missing_message([module], extra)}", file=sys.stderr)
+        return 2
     except (
         ValueError,
         IndexError,
