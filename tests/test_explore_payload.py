@@ -290,9 +290,11 @@ def test_a_512_token_input_is_summarised_and_still_reconciles(tokenizer):
     stored = p["layers"]["attention"]
     index, value = unarray(stored["index"]), unarray(stored["value"])
     for n in (0, 5):
+        # The page is read through hooks on every module, which compute each product as the
+        # module itself (products.py): equal to the unwatched run within 1e-5, as parity is.
         top = ref[n][0].topk(stored["topk"], dim=-1)
-        assert torch.equal(value[n], top.values)
-        assert torch.equal(index[n], top.indices)
+        torch.testing.assert_close(value[n], top.values, rtol=0, atol=1e-5)
+        torch.testing.assert_close(ref[n][0].gather(-1, index[n]), value[n], rtol=0, atol=1e-5)
     q, k = unarray(p["layers"]["query"])[5], unarray(p["layers"]["key"])[5]
     weights = (q[:, 64:96] @ k[:, 64:96].T * p["layers"]["scale"]).softmax(-1)
     assert (weights - ref[5][0, 2]).abs().max() <= 1e-6

@@ -97,16 +97,17 @@ def test_int8_results_never_depend_on_the_rest_of_the_batch(kernel):
             torch.testing.assert_close(alone, together[row, :n], rtol=1e-5, atol=1e-5)
 
 
-def test_int8_from_packed_weights_equals_its_modules(monkeypatch):
-    from bertlab.nn import fast
+def test_int8_products_of_the_seam_equal_its_modules(monkeypatch):
+    from bertlab.nn import products
 
     torch.manual_seed(0)
     model = quantize_int8(BertModel(CFG).eval())
     ids, mask = batch()
+    x = torch.zeros(1, CFG.hidden_size)
     with torch.no_grad():
-        assert model.encoder.direct(torch.zeros(1, CFG.hidden_size))
+        assert products.route(model.encoder.layer[0].attention.self.query, x) == "int8"
         lean = model(ids, mask).last_hidden_state
-        monkeypatch.setattr(fast.FastEncoder, "direct", lambda self, x: False)
+        monkeypatch.setattr(products, "route", lambda *a, **k: "module")
         modules = model(ids, mask).last_hidden_state
     torch.testing.assert_close(lean, modules, rtol=1e-5, atol=1e-5)
 
@@ -219,8 +220,8 @@ def test_a_traced_int8_model_runs_its_attention_projections_as_one_product(tmp_p
     assert products == [4 * CFG.num_hidden_layers + pooler + 2]
 
 
-def test_smoothed_int8_from_packed_weights_equals_its_modules_and_ignores_the_batch(monkeypatch):
-    from bertlab.nn import fast
+def test_smoothed_int8_products_of_the_seam_equal_its_modules_and_ignore_the_batch(monkeypatch):
+    from bertlab.nn import products
 
     model = outlier_model()
     ids, mask = batch()
@@ -229,7 +230,7 @@ def test_smoothed_int8_from_packed_weights_equals_its_modules_and_ignores_the_ba
     with torch.no_grad():
         lean = q(ids, mask).last_hidden_state
         alone = q(ids[1:2, :7]).last_hidden_state[0]
-        monkeypatch.setattr(fast.FastEncoder, "direct", lambda self, x: False)
+        monkeypatch.setattr(products, "route", lambda *a, **k: "module")
         modules = q(ids, mask).last_hidden_state
     torch.testing.assert_close(lean, modules, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(alone, lean[1, :7], rtol=1e-5, atol=1e-5)

@@ -34,14 +34,6 @@ def shape_of(x: Any) -> str:
     return ""
 
 
-def paper_class(module: nn.Module) -> str:
-    """The class name of the paper's module (an inference twin of fast.py shows its parent's)."""
-    for k in type(module).__mro__:
-        if k.__module__ != "bertlab.nn.fast":
-            return k.__name__
-    return type(module).__name__
-
-
 def network_graph(
     model: nn.Module, inputs: dict[str, torch.Tensor], call: Callable[[], Any]
 ) -> tuple[Node, Any]:
@@ -84,8 +76,8 @@ def _node(name: str, module: nn.Module, args: tuple) -> Node:
     m = IN_LAYER.search(name)
     return {
         "id": name or "model",
-        "name": name.rsplit(".", 1)[-1] or paper_class(module),
-        "class": paper_class(module),
+        "name": name.rsplit(".", 1)[-1] or type(module).__name__,
+        "class": type(module).__name__,
         "in": shape_of(args),
         "out": "",
         "params": 0,

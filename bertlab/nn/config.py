@@ -16,8 +16,8 @@ from typing import Any
 import torch
 
 from bertlab.files import HUB_KEYWORDS, resolve_model_dir
+from bertlab.nn.activations import ACTIVATIONS
 
-ACTIVATIONS = ("gelu", "gelu_new", "relu", "silu")
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "packed")
 POSITION_INITS = ("normal", "sinusoidal")
 

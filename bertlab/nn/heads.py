@@ -12,15 +12,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bertlab.nn import products
+from bertlab.nn.activations import ACTIVATIONS
 from bertlab.nn.checks import check_labels as _check_labels
 from bertlab.nn.config import BertConfig
 from bertlab.nn.losses import IGNORE_INDEX, pretraining_loss
-from bertlab.nn.model import (
-    ACTIVATIONS,
-    BertModel,
-    BertPreTrainedModel,
-    Encoded,
-)
+from bertlab.nn.model import BertModel, BertPreTrainedModel, Encoded
 from bertlab.nn.outputs import (
     BertForPreTrainingOutput,
     MaskedLMOutput,
@@ -39,12 +36,12 @@ class BertPredictionHeadTransform(nn.Module):
     def __init__(self, hidden_size: int, hidden_act: str, layer_norm_eps: float):
         super().__init__()
         self.dense = nn.Linear(hidden_size, hidden_size)
-        self.transform_act_fn = ACTIVATIONS[hidden_act]()
+        self.transform_act_fn = ACTIVATIONS[hidden_act].module()
         self.hidden_act = hidden_act
         self.LayerNorm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., H)
-        return self.LayerNorm(self.transform_act_fn(self.dense(x)))
+        return self.LayerNorm(products.linear(self.dense, x, act=self.transform_act_fn))
 
 
 class BertLMPredictionHead(nn.Module):

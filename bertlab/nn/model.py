@@ -7,11 +7,15 @@ Module and parameter names are those of the original checkpoints and of transfor
 so a state dict moves between them key for key. Leaf modules take plain numbers; only the
 top-level models read a BertConfig. No I/O and no training here (see io/, train/).
 
-Each forward is the equation and nothing else. Beside it: the attention kernels
-(attention.BACKENDS, named once by the config's attn_implementation), the batch layouts,
-padded or packed, behind one enter/exit seam (packing.py), the input checks (checks.py), and
-the inference twins of these modules that fuse, chunk and overwrite in place (fast.py), chosen
-when a model is built or moved, with the same parameters and state-dict keys.
+Each forward is the equation, and it is what runs, whatever the dtype, device, precision or
+layout, in training and in inference, with hooks or adapters, and inside the compiled and
+exported programs (which trace it). Speed comes through three seams, each called at the one
+place where its choice matters: the attention kernel (attention.BACKENDS, named once by the
+config's attn_implementation), the batch layout, padded or packed (packing.enter -> layout.exit),
+and the product of a linear layer with its activation or residual sum (products.linear and
+products.projections, whose one policy picks oneDNN on prepacked weights, the int8 product, or
+the module itself). Module classes never change: a model is made of these classes, and of
+precision.Int8Linear only where ``quantize_int8`` returned a new model made so.
 
 Shapes: B batch, T sequence length, H hidden size, A heads, D = H / A, I intermediate size,
 V vocabulary size, C choices, L layers.
@@ -20,7 +24,6 @@ V vocabulary size, C choices, L layers.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,19 +31,14 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from bertlab.nn import products
+from bertlab.nn.activations import ACTIVATIONS
 from bertlab.nn.attention import BACKENDS
 from bertlab.nn.checks import check_forward_keywords, check_inputs
 from bertlab.nn.config import ATTN_IMPLEMENTATIONS, BertConfig
 from bertlab.nn.outputs import BaseModelOutputWithPooling
 from bertlab.nn.packing import Layout, Packing, enter
 from bertlab.nn.surface import TransformersSurface, drop_tied_decoder, restore_tied_decoder
-
-ACTIVATIONS = {
-    "gelu": lambda: nn.GELU(),  # exact, with erf: what BERT uses
-    "gelu_new": lambda: nn.GELU(approximate="tanh"),  # the tanh form of the original TF code
-    "relu": nn.ReLU,
-    "silu": nn.SiLU,
-}
 
 
 # ============================================================================ embeddings
@@ -104,8 +102,10 @@ class BertSelfAttention(nn.Module):
         probabilities (B, A, T, T) when asked for (padded layouts only). The layout names the
         kernel (attention.BACKENDS) and which keys each query may see."""
         A = self.num_heads
+        # x W_Q, x W_K, x W_V, one product where they can share it (products.py)
+        projected = products.projections((self.query, self.key, self.value), x)
         # (B, T, H) -> (B, A, T, D) padded; (N, H) -> (N, A, D) packed
-        q, k, v = (layout.split_heads(proj(x), A) for proj in (self.query, self.key, self.value))
+        q, k, v = (layout.split_heads(t, A) for t in projected)
         p = self.dropout_p if self.training else 0.0
         context, probs = BACKENDS[layout.kernel](q, k, v, layout.keys, p, need_weights)
         return layout.merge_heads(context), probs
@@ -121,7 +121,10 @@ class BertSelfOutput(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, context: torch.Tensor, x: torch.Tensor) -> torch.Tensor:  # (B, T, H)
-        return self.LayerNorm(self.dropout(self.dense(context)) + x)
+        # x + dropout(W_O context + b_O), the sum inside the product where it can be
+        return self.LayerNorm(
+            products.linear(self.dense, context, dropout=self.dropout, residual=x)
+        )
 
 
 class BertAttention(nn.Module):
@@ -153,11 +156,11 @@ class BertIntermediate(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str):
         super().__init__()
         self.dense = nn.Linear(hidden_size, intermediate_size)
-        self.intermediate_act_fn = ACTIVATIONS[hidden_act]()
+        self.intermediate_act_fn = ACTIVATIONS[hidden_act].module()
         self.hidden_act = hidden_act
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, H) -> (B, T, I)
-        return self.intermediate_act_fn(self.dense(x))
+        return products.linear(self.dense, x, act=self.intermediate_act_fn)  # act(x W_1 + b_1)
 
 
 class BertOutput(nn.Module):
@@ -172,7 +175,8 @@ class BertOutput(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:  # (B,T,I),(B,T,H)->(B,T,H)
-        return self.LayerNorm(self.dropout(self.dense(h)) + x)
+        # x + dropout(h W_2 + b_2), the sum inside the product where it can be
+        return self.LayerNorm(products.linear(self.dense, h, dropout=self.dropout, residual=x))
 
 
 # ============================================================================ layer, encoder
@@ -199,7 +203,10 @@ class BertLayer(nn.Module):
         self, x: torch.Tensor, layout: Layout, need_weights: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         a, probs = self.attention(x, layout, need_weights)  # a = LN(x + MultiHead(x))
-        return self.feed_forward(a), probs
+        # y = LN(a + FFN(a)), row by row: in row chunks where its (..., I) would be large
+        width = self.intermediate.dense.out_features
+        y = products.in_row_chunks(self.feed_forward, a, width, self.intermediate, self.output)
+        return y, probs
 
     def feed_forward(self, a: torch.Tensor) -> torch.Tensor:
         """y = LN(a + FFN(a)), (..., H) -> (..., H)."""
@@ -274,55 +281,22 @@ class BertPreTrainedModel(TransformersSurface, nn.Module):
         self.register_load_state_dict_pre_hook(restore_tied_decoder)
 
     def post_init(self) -> None:
-        """Initialise every weight as BERT does, tie the output embeddings, then choose the
-        inference modules for where the weights are (fast.install)."""
+        """Initialise every weight as BERT does and tie the output embeddings."""
         self.apply(self._init_weights)
         if self.config.position_init == "sinusoidal":
             emb = self.base_model.embeddings.position_embeddings
             with torch.no_grad():
                 emb.weight.copy_(sinusoidal_positions(*emb.weight.shape))
         self.tie_weights()
-        self._install_fast_modules()
-
-    def _apply(self, fn: Callable, *args: Any, **kwargs: Any) -> BertPreTrainedModel:
-        """Every move or cast (``to``, ``bfloat16``, ``cuda`` ...) ends here: the weights may now
-        suit other inference modules, so they are chosen again."""
-        result = super()._apply(fn, *args, **kwargs)
-        self._install_fast_modules()
-        return result
-
-    # False: the paper's modules only, every product through PyTorch's own BLAS as transformers
-    # computes it (bit for bit equal on the same machine). True (the default): the inference
-    # twins of fast.py, whose float32 sums are ordered differently (about 1e-6 relative).
-    fast_inference: bool = True
 
     def set_fast_inference(self, enabled: bool) -> None:
-        """Turn the inference twins (fast.py: oneDNN products on packed weights, fused epilogues,
-        the encoder run without module calls) on or off for this model. Off, the forward is the
-        paper's modules and nothing else: use it to reproduce another library's float32
-        numbers exactly. Training is the same either way."""
+        """Let the linear-product seam choose oneDNN's fused products for this model's layers
+        (True, the default), or send every product through PyTorch's own ``nn.Linear`` (False):
+        then the forward computes as transformers does, bit for bit on the same machine in
+        float32. The forward is the same code either way (products.py)."""
         if not isinstance(enabled, bool):
             raise TypeError(f"enabled must be True or False, got {enabled!r}")
-        for m in self.modules():  # the model and any bertlab model inside it (a head's encoder)
-            if isinstance(m, BertPreTrainedModel):
-                m.fast_inference = enabled
-        self._install_fast_modules()
-
-    def train(self, mode: bool = True) -> BertPreTrainedModel:
-        """As nn.Module.train (and ``eval()``, which calls it); the packed weights of fast
-        inference are dropped, to be made again from the weights as they are now. A fused
-        optimizer (``torch.optim.AdamW(fused=True)``, the Trainer's default) updates weights
-        without moving their version counters; switching to eval() after training is what
-        tells fast inference that they changed."""
-        from bertlab.nn import fused
-
-        fused.forget(self)
-        return super().train(mode)
-
-    def _install_fast_modules(self) -> None:
-        from bertlab.nn import fast  # imported here: fast.py builds on the classes of this file
-
-        fast.install(self) if self.fast_inference else fast.uninstall(self)
+        products.plain(self, not enabled)
 
     def _init_weights(self, module: nn.Module) -> None:
         std = self.config.initializer_range
@@ -375,10 +349,6 @@ def sinusoidal_positions(num_positions: int, dim: int) -> torch.Tensor:
 class BertModel(BertPreTrainedModel):
     """The encoder: embeddings -> L layers -> (optional) pooler."""
 
-    # Rounds a packed batch's token count up (packing.round_rows) where the products run as
-    # kernels built per shape; set by fast.install when the model is built or moved.
-    spare_rows: Callable[[int], int] | None = None
-
     def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
         super().__init__(config)
         c = config
@@ -427,8 +397,8 @@ class BertModel(BertPreTrainedModel):
         if kernel == "packed" and output_attentions:
             kernel = "sdpa"  # the packed kernel gives no probabilities: this call runs padded
         device = (input_ids if input_ids is not None else inputs_embeds).device
-        # spare rows only where no gradient can be recorded (adapters may add one to any layer)
-        spare = None if torch.is_grad_enabled() else self.spare_rows
+        # where oneDNN builds a kernel per shape, a packed batch's rows are rounded up
+        spare = products.row_rounding(self.embeddings.word_embeddings.weight)
         layout = enter(kernel, attention_mask, B, T, device, spare)
         tokens = layout.inputs(input_ids, token_type_ids, position_ids, inputs_embeds)
         x = layout.grow(self.embeddings(*tokens))  # (B, T, H), or (N, H) packed

@@ -1,0 +1,323 @@
+"""The product of a linear layer: one seam, one policy.
+
+    linear(layer, x, act=None, dropout=None, residual=None)   residual + dropout(act(layer(x)))
+    projections(layers, x)                                    tuple(l(x) for l in layers)
+
+The forwards of model.py and heads.py call these wherever a linear layer's output meets its
+activation or its residual sum, and for the query, key and value projections, which read one
+input. ``route`` chooses how each call is computed, from the layer's type, the dtype and device
+of the input, whether a gradient is recorded, whether the model is being traced, and the CPU's
+features:
+
+    "onednn"  a plain ``nn.Linear``, CPU, float32 (or bfloat16 where the CPU has bfloat16
+              instructions: AVX512-BF16 or AMX), no gradient recorded, dropout inactive, no hook
+              on the layer, not traced. oneDNN computes the product on the weight packed once
+              into its blocked layout (cached here per layer, made again when the weight
+              changes) and applies the bias, the activation or the residual sum to each tile
+              while it is in cache; layers that read one input run as one product on their
+              stacked weights.
+    "int8"    an ``Int8Linear`` (precision.quantize_int8) without hooks: the int8 product
+              (precision.int8_product), then the activation or the sum in place; layers that
+              share their smoothing run as one product (the input rounded once).
+    "module"  anything else: the layer is called as a module (its hooks run, autograd records
+              it, an adapter such as LoRA wrapped around it computes, a compiler or exporter
+              traces ``F.linear`` and fuses on its own), then the activation, dropout and sum
+              in PyTorch.
+
+The routes give the same results up to rounding: in float32 the oneDNN product orders its sums
+differently from PyTorch's BLAS (about 1e-6 relative); in bfloat16 the fused form rounds once,
+after the activation or the sum, where the module route rounds before it too.
+``set_fast_inference(False)`` on a model (``plain``) sends all its layers by the module route,
+to reproduce another library's float32 numbers bit for bit.
+
+Also here, for the same batches: ``row_rounding``, the token count of a packed batch rounded up
+where oneDNN builds a kernel per matrix shape, and ``in_row_chunks``, the feed-forward network
+run in row chunks when its intermediate would be large.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from bertlab.nn.activations import activation_of
+from bertlab.nn.packing import round_rows, tracing
+from bertlab.nn.precision import Int8Linear, Int8Weight, int8_product
+
+try:  # oneDNN's fused linear (the operator torch.compile uses for the same fusion on CPU)
+    _linear_pointwise = torch.ops.mkldnn._linear_pointwise
+    _reorder = torch.ops.mkldnn._reorder_linear_weight
+    _AVAILABLE = bool(torch.backends.mkldnn.is_available())
+    _BF16 = _AVAILABLE and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+except (AttributeError, RuntimeError):  # pragma: no cover - a PyTorch built without oneDNN
+    _linear_pointwise = _reorder = None
+    _AVAILABLE = _BF16 = False
+
+PACK_ROWS = 512  # the row count oneDNN is told to expect when it reorders a weight: of 1, 32,
+# 128, 256, 512 and 2048, 512 was fastest both at batch 1 and on sorted batches of 32 sentences
+
+PLAIN = "plain_product"  # a layer attribute: True sends it by the module route (plain())
+
+_GLOBAL_HOOKS = nn.modules.module  # where nn.Module keeps the hooks registered for every module
+
+
+def onednn_dtype(dtype: torch.dtype) -> bool:
+    """True when oneDNN computes CPU products in ``dtype`` here (float32 always, bfloat16 where
+    the CPU has bfloat16 instructions)."""
+    return _AVAILABLE and (dtype == torch.float32 or (dtype == torch.bfloat16 and _BF16))
+
+
+def _recording(x: torch.Tensor, layer: nn.Module) -> bool:
+    if not torch.is_grad_enabled():
+        return False
+    weight = getattr(layer, "weight", None)
+    return x.requires_grad or (weight is not None and weight.requires_grad)
+
+
+def _watched(module: nn.Module) -> bool:
+    """A hook on the module, or on every module, must see the call."""
+    g = _GLOBAL_HOOKS
+    return bool(
+        module._forward_hooks
+        or module._forward_pre_hooks
+        or g._global_forward_hooks
+        or g._global_forward_pre_hooks
+    )
+
+
+def route(layer: nn.Module, x: torch.Tensor, dropout: nn.Module | None = None) -> str:
+    """How ``layer(x)`` is computed: "onednn", "int8" or "module" (the module docstring)."""
+    recording = _recording(x, layer)
+    if recording:  # an optimizer may then write the weight without moving its version counter
+        _PACKED.pop(layer, None)
+    if (
+        recording
+        or x.device.type != "cpu"
+        or (dropout is not None and dropout.training and dropout.p > 0)
+        or _watched(layer)
+    ):
+        return "module"
+    kind = type(layer)
+    if kind is Int8Linear:
+        return "int8"
+    if (
+        kind is not nn.Linear
+        or PLAIN in layer.__dict__
+        or not onednn_dtype(x.dtype)
+        or layer.weight.dtype != x.dtype
+        or tracing()
+    ):
+        return "module"
+    return "onednn"
+
+
+def plain(model: nn.Module, enabled: bool) -> None:
+    """Send every linear layer of ``model`` by the module route (``enabled``), or let the policy
+    choose again (BertPreTrainedModel.set_fast_inference)."""
+    for m in model.modules():
+        if isinstance(m, nn.Linear):
+            if enabled:
+                m.__dict__[PLAIN] = True
+            else:
+                m.__dict__.pop(PLAIN, None)
+            forget(m)
+
+
+# ============================================================================ the seam
+def linear(
+    layer: nn.Module,
+    x: torch.Tensor,
+    act: nn.Module | None = None,
+    dropout: nn.Module | None = None,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """(..., in) -> (..., out): ``residual + dropout(act(layer(x)))``, each part optional.
+    ``act`` is the activation module the network holds (its oneDNN form is found in
+    activations.py); ``residual`` (..., out)."""
+    way = route(layer, x, dropout)
+    if way == "onednn":
+        spec = None if act is None else activation_of(act)
+        fusable = (act is None or spec is not None) and (
+            residual is None or (residual.dtype == x.dtype and residual.is_contiguous())
+        )
+        if fusable and act is None:
+            return _onednn(x, *packed((layer,)), None, residual)
+        if fusable and residual is None:
+            return _onednn(x, *packed((layer,)), spec.onednn, None)
+        y = _onednn(x, *packed((layer,)), None, None)
+    elif way == "int8":
+        y = int8_product(x, *_int8_weight((layer,)))
+    else:
+        y = layer(x)
+        if act is not None:
+            y = act(y)
+        if dropout is not None:
+            y = dropout(y)
+        return y if residual is None else y + residual
+    # a fresh float output of our own: the rest in place
+    if act is not None:
+        spec = activation_of(act)
+        y = spec.inplace(y) if spec is not None else act(y)
+    return y if residual is None else y.add_(residual)
+
+
+def projections(layers: tuple[nn.Module, ...], x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(..., in) -> one (..., out_i) per layer: ``tuple(layer(x) for layer in layers)``, as one
+    product on the layers' stacked weights where they take one route and can share one (the
+    attention's query, key and value)."""
+    ways = {route(layer, x) for layer in layers}
+    if ways == {"onednn"}:
+        return _split(_onednn(x, *packed(layers), None, None), layers)
+    if ways == {"int8"} and _one_input(layers):
+        return _split(int8_product(x, *_int8_weight(layers)), layers)
+    return tuple(linear(layer, x) for layer in layers)
+
+
+def _split(y: torch.Tensor, layers: tuple[nn.Module, ...]) -> tuple[torch.Tensor, ...]:
+    return y.split([layer.out_features for layer in layers], dim=-1)
+
+
+def _onednn(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    act: tuple[str, str] | None,
+    add: torch.Tensor | None,
+) -> torch.Tensor:
+    """x W^T + b in one oneDNN call, then oneDNN's ``act`` or ``+ add`` inside it."""
+    if add is not None:
+        return _linear_pointwise.binary(x, add, weight, bias, "add")
+    if act is None:
+        return _linear_pointwise(x, weight, bias, "none", [], "")
+    return _linear_pointwise(x, weight, bias, act[0], [], act[1])
+
+
+# ============================================================================ packed weights
+# first layer of a group -> {the group's layer ids: (stamp, the source tensors, weight, bias)}.
+# Weakly keyed: a layer that is dropped takes its packed copy with it, and nothing here is a
+# parameter, a buffer or part of a state dict, a copy or a pickle. An entry holds its source
+# tensors, so their memory cannot be reused by another tensor that would then match the stamp.
+_PACKED: weakref.WeakKeyDictionary[nn.Module, dict] = weakref.WeakKeyDictionary()
+
+
+def packed(layers: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(weight, bias) of ``layers`` stacked by rows, the weight in oneDNN's packed layout, the
+    biases stacked (None if no layer has one). Made once and cached, made again when any weight
+    or bias changes: a new tensor (a cast, a move), or an in-place write that moves its version
+    counter (load_state_dict, a plain optimizer step); a fused optimizer writes without moving
+    it, and ``route`` drops the packed copy of a layer whose gradient is recorded. Inference
+    tensors keep no version: theirs are made on every call, unpacked (the same kernel's
+    numbers, a little slower)."""
+    tensors = [t for layer in layers for t in (layer.weight, layer.bias) if t is not None]
+    try:
+        stamp = tuple((t.data_ptr(), t._version) for t in tensors)
+    except RuntimeError:  # an inference tensor has no version counter
+        return _stack(layers, pack=False)
+    entries = _PACKED.get(layers[0])
+    if entries is None:
+        entries = _PACKED[layers[0]] = {}
+    key = tuple(map(id, layers))
+    cached = entries.get(key)
+    if cached is not None and cached[0] == stamp:
+        return cached[2], cached[3]
+    weight, bias = _stack(layers, pack=True)
+    entries[key] = (stamp, [t.detach() for t in tensors], weight, bias)
+    return weight, bias
+
+
+def forget(module: nn.Module) -> None:
+    """Drop the packed weights of every layer in ``module``."""
+    for m in module.modules():
+        _PACKED.pop(m, None)
+
+
+def _stack(layers: tuple[nn.Linear, ...], pack: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    with torch.no_grad():
+        weight = layers[0].weight if len(layers) == 1 else torch.cat([lin.weight for lin in layers])
+        bias = _biases(layers, layers[0].weight.dtype)
+        weight = weight.detach()
+        return (_reorder(weight, PACK_ROWS) if pack else weight), bias
+
+
+def _biases(layers: tuple[nn.Module, ...], dtype: torch.dtype) -> torch.Tensor | None:
+    if all(lin.bias is None for lin in layers):
+        return None
+    if len(layers) == 1:
+        return layers[0].bias.detach()
+    zeros = [torch.zeros(lin.out_features, dtype=dtype) for lin in layers]
+    parts = [z if lin.bias is None else lin.bias for lin, z in zip(layers, zeros, strict=True)]
+    return torch.cat(parts).detach()
+
+
+def _int8_weight(layers: tuple[Int8Linear, ...]) -> tuple[Int8Weight, torch.Tensor | None]:
+    """The int8 product's (weight, bias) for one layer or several that share their smoothing."""
+    if len(layers) == 1:
+        return layers[0].int8_weight(), layers[0].bias
+    weight = torch.cat([lin.weight_int8 for lin in layers]).t()  # (in, out) view
+    scale = torch.cat([lin.weight_scale for lin in layers])
+    return Int8Weight(weight, scale, layers[0].unsmooth), _biases(layers, torch.float32)
+
+
+def _one_input(layers: tuple[Int8Linear, ...]) -> bool:
+    """int8 layers that can run as one product: the input is divided by one smoothing before it
+    is rounded. Layers quantize_int8 smoothed as one group (``smoothing_group``), or equal
+    smoothings compared by value, except while tracing (a traced graph cannot depend on
+    values)."""
+    first = layers[0].unsmooth
+    if first is None:
+        return all(lin.unsmooth is None for lin in layers)
+    group = layers[0].smoothing_group
+    if group is not None and all(lin.smoothing_group == group for lin in layers):
+        return True
+    if tracing():
+        return False
+    return all(lin.unsmooth is not None and torch.equal(lin.unsmooth, first) for lin in layers)
+
+
+# ============================================================================ batch shapes
+def row_rounding(weight: torch.Tensor) -> Callable[[int], int] | None:
+    """packing.round_rows where a packed batch's products run as oneDNN kernels built and cached
+    per matrix shape (CPU float32 or bfloat16 weights, no gradient recorded, not traced), else
+    None. ``weight``: the model's word embeddings."""
+    if (
+        weight.device.type != "cpu"
+        or not onednn_dtype(weight.dtype)
+        or torch.is_grad_enabled()
+        or tracing()
+    ):
+        return None
+    return round_rows
+
+
+FFN_CHUNK_ABOVE = 32 << 20  # bytes: glibc's largest block served from its heap (64-bit)
+FFN_CHUNK_BYTES = 24 << 20  # bytes of intermediate per chunk, at most
+
+
+def in_row_chunks(
+    fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, width: int, *watched: nn.Module
+) -> torch.Tensor:
+    """``fn(x)`` for a row-wise ``fn`` (..., H) -> (..., H) whose intermediate is ``width``
+    values a row: in inference, when that intermediate would pass FFN_CHUNK_ABOVE bytes, the
+    rows go through in chunks. Each row's arithmetic is its own, so the results are those of
+    one call (up to how the math library splits a product). glibc hands out a block that large
+    as fresh pages on every call, each costing a fault when first written; chunked, the
+    intermediate is reused and peak memory drops. Whole when a gradient is recorded, a hook
+    watches one of the ``watched`` modules, or the model is traced."""
+    rows = x.numel() // x.size(-1)
+    bytes_per_row = width * x.element_size()
+    if (
+        rows * bytes_per_row <= FFN_CHUNK_ABOVE
+        or (torch.is_grad_enabled() and x.requires_grad)
+        or tracing()
+        or any(_watched(m) for w in watched for m in w.modules())
+    ):
+        return fn(x)
+    chunk = 1 << ((FFN_CHUNK_BYTES // bytes_per_row).bit_length() - 1)  # a power of two
+    flat = x.reshape(rows, x.size(-1))
+    out = torch.empty_like(flat)
+    for s in range(0, rows, chunk):
+        out[s : s + chunk] = fn(flat[s : s + chunk])
+    return out.view_as(x)
