@@ -34,12 +34,14 @@ from typing import Any
 import numpy as np
 import orjson
 import torch
+import torch.nn.functional as F
 
 from bertlab.bench.speed import machine
 from bertlab.data import sample_sentences
 from bertlab.files import bundled_model_dir
 from bertlab.heap import keep_freed_memory
-from bertlab.nn import attention, fast, fused
+from bertlab.nn import attention
+from bertlab.nn import products as seam
 from bertlab.serve.engine import ServedModel
 
 spent: dict[str, float] = collections.defaultdict(float)  # part -> seconds, summed
@@ -59,11 +61,12 @@ def timed(name: Callable[..., str], fn: Callable[..., Any]) -> Callable[..., Any
 
 
 def product_name(x: torch.Tensor, weight: Any, bias: Any, act=None, add=None) -> str:
+    """seam._onednn(x, weight, bias, act, add) and seam.int8_product(x, weight, bias)."""
     if isinstance(weight, torch.Tensor):  # (out, in)
         width = weight.shape[0]
     else:  # an int8 weight: (in, out) int8 and its scales
         width = weight.int8.shape[1]
-    extra = f" + {act}" if act else (" + residual" if add is not None else "")
+    extra = f" + {act[0]}" if act else (" + residual" if add is not None else "")
     return f"product {x.shape[-1]} -> {width}{extra}"
 
 
@@ -141,10 +144,11 @@ def main() -> None:
             model.forward(rows)
         plain = (time.perf_counter() - start) / args.repeat
         # the same batches again, each part timed
-        fused.product = timed(product_name, fused.product)
+        seam._onednn = timed(product_name, seam._onednn)
+        seam.int8_product = timed(product_name, seam.int8_product)
         kernel = attention.BACKENDS["packed"]
         attention.BACKENDS["packed"] = timed(lambda *a, **k: "attention (packed)", kernel)
-        fast._layer_norm = timed(lambda *a, **k: "LayerNorm", fast._layer_norm)
+        F.layer_norm = timed(lambda *a, **k: "LayerNorm", F.layer_norm)
         start = time.perf_counter()
         for _ in range(args.repeat):
             model.forward(rows)
