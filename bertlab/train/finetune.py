@@ -45,6 +45,7 @@ from bertlab.tasks.qa import QuestionAnsweringTask
 from bertlab.tasks.tag import TaggingTask
 from bertlab.tokenizer import BertTokenizer
 from bertlab.train.loop import TrainConfig, train
+from bertlab.train.memory import check_fits, encoder_parameters, step_memory
 from bertlab.train.runs import CHECKPOINT, RUN_FILE, check_run_folder
 
 logger = logging.getLogger("bertlab")
@@ -142,13 +143,20 @@ class Prepared:
 
 
 def prepare(config: FinetuneConfig, progress: bool = False) -> Prepared:
-    """Read and check the data, encode it, and build the task and the starting model."""
+    """Check that a batch fits in memory, read and check the data, encode it, and build the
+    task and the starting model."""
     source = resolve_source(config.model)
     if source.folder is None:  # a preset or a config file: no weights, no vocabulary
         raise ValueError(
             f"fine-tuning starts from a model folder (weights and vocabulary); {config.model!r} "
             f"is a {source.kind} ({source.description})"
         )
+    # A batch of max_length sequences that cannot fit is refused before the data is read.
+    parameters = encoder_parameters(source.config)
+    estimate = step_memory(
+        source.config, parameters, config.batch_size, config.length, precision=config.precision
+    )
+    check_fits(estimate, f"--batch-size {config.batch_size}", config.device)
     directory = source.folder
     tokenizer = BertTokenizer.from_pretrained(directory)
     task, train_split, dev, report = TASKS[config.task].read(config, tokenizer)

@@ -9,10 +9,11 @@ The pieces: ``bertlab.data.stream`` decides which examples each step trains on a
 ``bertlab.tasks.pretraining`` is the objective (MLM + NSP loss and metrics, each rank's share
 of the global mean); ``bertlab.train.loop`` is the loop every task shares. This module checks every
 setting before any training starts (vocabulary and sequence lengths against the model, batch
-divisibility, the run folder), builds the phase schedule (most steps at the short length, the
-last ``long_fraction`` at the long one, as BERT was trained: reference 001), evaluates on a
-fixed masked sample of a held-out corpus (MLM loss and accuracy, NSP loss and accuracy), and
-saves the final model in the Hugging Face layout with its vocabulary.
+divisibility, each phase's batch against the memory there is: ``bertlab.train.memory``, the run
+folder), builds the phase schedule (most steps at the short length, the last ``long_fraction``
+at the long one, as BERT was trained: reference 001), evaluates on a fixed masked sample of a
+held-out corpus (MLM loss and accuracy, NSP loss and accuracy), and saves the final model in the
+Hugging Face layout with its vocabulary.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from bertlab.nn.config import resolve_source
 from bertlab.nn.heads import BertForMaskedLM, BertForPreTraining
 from bertlab.tasks.pretraining import PretrainingObjective
 from bertlab.train.loop import TrainConfig, train
+from bertlab.train.memory import check_fits, step_memory
 from bertlab.train.runs import CHECKPOINT, RUN_FILE, check_run_folder
 
 logger = logging.getLogger("bertlab")
@@ -88,6 +90,31 @@ def build_model(source: str, vocab_size: int, dropout: float | None) -> BertForP
         return BertForPreTraining(found.config.replace(**over))
     drop = {k: v for k, v in over.items() if k != "vocab_size"}
     return BertForPreTraining.from_pretrained(found.folder, **drop)
+
+
+def check_memory(model: nn.Module, config: PretrainConfig, data: Phases) -> None:
+    """Refuse, before the first step, a phase whose batch cannot fit in the memory of the
+    device (``bertlab.train.memory``): each process's micro-batch at the phase's sequence
+    length, with its masked positions scored over the vocabulary."""
+    tc = config.train
+    parameters = sum(p.numel() for p in model.parameters())
+    resident = 4 * parameters if torch.device(tc.device).type == "cpu" else 0  # built there
+    for phase, (_, stream) in enumerate(data.streams):
+        size = (config.long_batch_size or config.batch_size) if phase else config.batch_size
+        rows = stream.micro // stream.world_size
+        option = f"--{'long-' if phase else ''}batch-size {size}"
+        if rows != size:
+            option += f" ({rows:,} sequences a micro-batch in each process)"
+        estimate = step_memory(
+            model.config,
+            parameters,
+            rows,
+            int(stream.meta["max_seq_length"]),
+            predicted=stream.masking.max_predictions,
+            precision=tc.precision,
+            checkpointing=bool(getattr(model, "is_gradient_checkpointing", False)),
+        )
+        check_fits(estimate, option, tc.device, resident)
 
 
 def pretrain(config: PretrainConfig, resume: bool = False, overwrite: bool = False) -> dict:
@@ -159,6 +186,7 @@ def pretrain(config: PretrainConfig, resume: bool = False, overwrite: bool = Fal
         static=config.masking == "static",
         continuation=continuation,
     )
+    check_memory(model, config, data)
     if tc.max_seconds is not None and len(data.streams) > 1 and rank == 0:
         # The phases are laid out on TrainConfig.steps; a time plan that ends sooner cuts the
         # long phase short or skips it.
