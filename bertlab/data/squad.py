@@ -11,17 +11,24 @@ training window's target is the answer's first and last token, found through the
 character offsets; a window that does not hold the whole answer points at [CLS] (position 0), as
 the original does, and so does an unanswerable question (v2.0).
 
-Answers are read back per example over all its windows: the ``n_best`` highest start and end
-logits, spans inside the context, end not before start, at most ``max_answer_length`` tokens,
-scored start + end logit; the best span's text is cut from the context by character offsets.
-For v2.0 the no-answer score is the best [CLS] start + end over the windows, and a question is
-left unanswered when that beats the best span by more than ``null_threshold``.
+Answers are read back per example over all its windows (``best_answers``): the ``n_best``
+highest start and end logits, spans inside the context, end not before start, at most
+``max_answer_length`` tokens, scored start + end logit; the best span's text is cut from the
+context by character offsets. For v2.0 the no-answer score is the lowest [CLS] start + end over
+the windows, and a question is left unanswered when that beats the best span by more than
+``null_threshold``.
+
+``decode_spans`` is bertlab's one span decoder: ``best_answers`` here, the question-answering
+pipelines of both name sets (bertlab/pipelines), the server's /qa and the explorer's answer all
+read their spans through it. Its ``scoring="probabilities"`` is transformers' question-answering
+pipeline's scoring, which its parity needs. Imports torch and the tokenizer.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -204,6 +211,130 @@ def encode_squad(
     return features
 
 
+@dataclass(frozen=True)
+class Span:
+    """An answer span: its score, the window it was read from, and its first and last token
+    there."""
+
+    score: float
+    window: int
+    start: int
+    end: int
+
+
+SCORINGS = ("logits", "probabilities")
+
+
+def decode_spans(
+    start_logits: Sequence[torch.Tensor],
+    end_logits: Sequence[torch.Tensor],
+    allowed: Sequence[torch.Tensor],
+    *,
+    top_k: int = 1,
+    max_answer_length: int = 30,
+    candidates: int | None = None,
+    scoring: str = "logits",
+) -> tuple[list[Span], float | None]:
+    """The ``top_k`` best answer spans over a question's windows, best first (ties in window
+    order, then by start and end token), and the no-answer score: the lowest [CLS] score over
+    the windows (None without windows).
+
+    Per window w: ``start_logits[w]`` and ``end_logits[w]`` (T,) (padding past n is ignored)
+    and ``allowed[w]`` (n,) bool, the tokens an answer may begin and end at (the context's). A
+    span runs from start s to end e >= s, at most ``max_answer_length`` tokens.
+
+    ``scoring="logits"`` (the original BERT recipe): start + end logit, and with ``candidates``
+    only spans among the window's ``candidates`` highest start and end logits are read
+    (``run_squad.py``'s ``n_best_size``; None: every span). ``scoring="probabilities"``
+    (transformers' question-answering pipeline): P(start) x P(end), each a softmax over the
+    allowed tokens and [CLS] (the others at -10000); [CLS] alone is the no-answer score, and
+    each window's ``top_k`` are chosen among all its (s, e <= s + max_answer_length - 1) pairs
+    before those outside the allowed tokens are dropped, as transformers does."""
+    if scoring not in SCORINGS:
+        raise ValueError(f"scoring {scoring!r} is not one of {', '.join(SCORINGS)}")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise ValueError(f"top_k {top_k!r} is not a positive int")
+    if max_answer_length < 1:
+        raise ValueError(f"max_answer_length must be >= 1, got {max_answer_length}")
+    read = _window_probabilities if scoring == "probabilities" else _window_logits
+    spans: list[Span] = []
+    null: float | None = None
+    for w, ok in enumerate(allowed):
+        n = len(ok)
+        found, cls = read(
+            w,
+            start_logits[w][:n].float(),
+            end_logits[w][:n].float(),
+            torch.as_tensor(ok, dtype=torch.bool),
+            top_k,
+            max_answer_length,
+            candidates,
+        )
+        spans += found
+        null = cls if null is None else min(null, cls)
+    spans.sort(key=lambda x: -x.score)  # stable: ties keep their window and token order
+    return spans[:top_k], null
+
+
+def _window_logits(
+    w: int,
+    s: torch.Tensor,
+    e: torch.Tensor,
+    ok: torch.Tensor,
+    top_k: int,
+    longest: int,
+    candidates: int | None,
+) -> tuple[list[Span], float]:
+    """One window's best spans by start + end logit, and its [CLS] score."""
+    n = len(ok)
+    if candidates is None:
+        starts = ends = torch.arange(n)
+    else:
+        starts = s.topk(min(candidates, n)).indices
+        ends = e.topk(min(candidates, n)).indices
+    score = s[starts][:, None] + e[ends][None, :]  # (S, E), in candidate order
+    length = ends[None, :] - starts[:, None] + 1
+    valid = ok[starts][:, None] & ok[ends][None, :] & (length >= 1) & (length <= longest)
+    where = valid.nonzero()  # (K, 2), row-major: the candidates' order
+    scores = score[valid]
+    order = scores.argsort(descending=True, stable=True)[:top_k].tolist()
+    found = [
+        Span(float(scores[k]), w, int(starts[where[k, 0]]), int(ends[where[k, 1]])) for k in order
+    ]
+    return found, float(s[0] + e[0])
+
+
+def _window_probabilities(
+    w: int,
+    s: torch.Tensor,
+    e: torch.Tensor,
+    ok: torch.Tensor,
+    top_k: int,
+    longest: int,
+    candidates: int | None,
+) -> tuple[list[Span], float]:
+    """One window's best spans by P(start) x P(end) (transformers' scoring), and P([CLS])^2."""
+    n = len(ok)
+    keep = ok.clone()
+    keep[0] = True  # [CLS]: in the softmax, the empty answer
+    start = s.masked_fill(~keep, -10000.0).softmax(-1)  # (n,)
+    end = e.masked_fill(~keep, -10000.0).softmax(-1)
+    cls = float(start[0] * end[0])
+    start[0] = end[0] = 0.0  # [CLS] is the empty answer, not a span
+    spans = torch.outer(start, end).triu().tril(longest - 1)  # (n, n)
+    flat = spans.flatten()
+    if top_k == 1:
+        order = flat.argmax().reshape(1)
+    else:
+        order = flat.argsort(descending=True, stable=True)[:top_k]
+    found = []
+    for i in order.tolist():
+        a, z = divmod(i, n)
+        if keep[a] and keep[z]:
+            found.append(Span(float(spans[a, z]), w, a, z))
+    return found, cls
+
+
 def best_answers(
     data: SquadData,
     features: list[dict[str, Any]],
@@ -216,7 +347,8 @@ def best_answers(
 ) -> dict[str, dict[str, Any]]:
     """Per question id: {"text", "start", "end" (character offsets), "score", "window" and
     "tokens" (the span's first and last token there), "n_best": [...], "null_score"}.
-    ``start_logits``/``end_logits``: (windows, T), in ``features``' order.
+    ``start_logits``/``end_logits``: (windows, T), in ``features``' order; spans are read by
+    ``decode_spans`` among the ``n_best`` highest start and end logits of each window.
     ``null_threshold`` (SQuAD 2.0): answer "" when null_score - best score > threshold."""
     by_example: dict[int, list[int]] = {}
     for w, f in enumerate(features):
@@ -224,33 +356,28 @@ def best_answers(
     results = {}
     for example, windows in by_example.items():
         e = data.examples[example]
-        spans, null = [], None
-        for w in windows:
-            offsets = features[w]["offsets"]
-            s_log, e_log = start_logits[w].float(), end_logits[w].float()
-            score0 = float(s_log[0] + e_log[0])
-            null = score0 if null is None else min(null, score0)
-            n = len(offsets)
-            starts = s_log[:n].topk(min(n_best, n)).indices.tolist()
-            ends = e_log[:n].topk(min(n_best, n)).indices.tolist()
-            for i in starts:
-                for j in ends:
-                    if offsets[i] is None or offsets[j] is None or j < i:
-                        continue
-                    if j - i + 1 > max_answer_length:
-                        continue
-                    a, b = offsets[i][0], offsets[j][1]
-                    spans.append(
-                        {
-                            "text": e.context[a:b],
-                            "start": a,
-                            "end": b,
-                            "score": float(s_log[i] + e_log[j]),
-                            "window": w,
-                            "tokens": (i, j),
-                        }
-                    )
-        spans.sort(key=lambda s: -s["score"])
+        found, null = decode_spans(
+            [start_logits[w] for w in windows],
+            [end_logits[w] for w in windows],
+            [torch.tensor([o is not None for o in features[w]["offsets"]]) for w in windows],
+            top_k=n_best,
+            max_answer_length=max_answer_length,
+            candidates=n_best,
+        )
+        spans = []
+        for span in found:
+            w = windows[span.window]
+            a, b = features[w]["offsets"][span.start][0], features[w]["offsets"][span.end][1]
+            spans.append(
+                {
+                    "text": e.context[a:b],
+                    "start": a,
+                    "end": b,
+                    "score": span.score,
+                    "window": w,
+                    "tokens": (span.start, span.end),
+                }
+            )
         best = (
             spans[0]
             if spans
@@ -274,5 +401,5 @@ def best_answers(
                 "window": None,
                 "tokens": None,
             }
-        results[e.id] = {**answer, "null_score": null, "n_best": spans[:n_best]}
+        results[e.id] = {**answer, "null_score": null, "n_best": spans}
     return results
