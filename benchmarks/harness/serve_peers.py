@@ -29,6 +29,7 @@ from pathlib import Path
 from bertlab.bench.load import HOST, ServerSpec
 from bertlab.bench.serve import Unavailable, embed_body, installed_version
 from bertlab.cli.bench import add_serve_options, cmd_bench_serve
+from bertlab.cli.main import HelpFormatter  # bertlab's: every default shown
 from bertlab.extras import installed
 
 HERE = Path(__file__).resolve().parent
@@ -85,7 +86,9 @@ def peers(infinity_venv: str | None = None) -> dict:
 def main(argv: list[str] | None = None) -> int:
     """Parse ``bertlab bench serve``'s options and these, run, print; bad input is one line on
     standard error and exit status 2, as in ``bertlab``."""
-    p = argparse.ArgumentParser(prog="serve_peers.py", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="serve_peers.py", description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter
+    )
     add_serve_options(p, systems="bertlab, fastapi-st, infinity")
     p.add_argument(
         "--infinity-venv",
