@@ -1,8 +1,9 @@
 """A training step's memory (bertlab.train.memory): the estimate against the peak PyTorch's
 memory tracker measures over steps of the real training loop, within a stated tolerance; a
 batch size that cannot fit refused by pretrain and finetune, and by their commands, before any
-step runs (or, for fine-tuning, before the data is read), with the estimate and the limit; the
-README's demo and the defaults far from any limit; what is available, read as documented."""
+step runs, with the estimate and the limit; a fine-tuning batch counted at its longest
+sequence, not at --max-length; the README's demo and the defaults far from any limit; what is
+available, read as documented."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from bertlab.nn.model import BertModel
 from bertlab.tasks.pretraining import PretrainingObjective
 from bertlab.train.finetune import FinetuneConfig, finetune
 from bertlab.train.loop import TrainConfig, train
-from bertlab.train.memory import StepMemory, check_fits, encoder_parameters, gib, step_memory
+from bertlab.train.memory import StepMemory, check_fits, gib, step_memory
 from bertlab.train.pretrain import PretrainConfig, pretrain
 
 try:  # PyTorch's tracker of tensor memory by kind (weights, gradients, optimizer, activations)
@@ -186,8 +187,6 @@ def test_the_parts_follow_the_settings():
     assert bf16.activations < plain.activations and bf16.weights == 6000
     longer = step_memory(cfg, 1000, 4, 256)  # as many tokens, each attending to twice as many
     assert longer.activations > plain.activations
-    for c in (cfg, BertConfig.preset("tiny"), resolve_source("default").config):
-        assert encoder_parameters(c) == sum(p.numel() for p in BertModel(c).parameters())
 
 
 # ============================================================================ the refusals
@@ -257,22 +256,63 @@ def test_an_impossible_pretraining_batch_is_refused_before_any_step(corpus, tmp_
     assert not out.exists()
 
 
-def test_an_impossible_fine_tuning_batch_is_refused_before_the_data_is_read(
-    sst2, tmp_path, monkeypatch
-):
-    monkeypatch.setattr(bertlab.train.finetune.ClassificationTask, "read", never)
-    config = FinetuneConfig(task="classify", train=str(sst2 / "train.tsv"), batch_size=10**7)
-    with pytest.raises(ValueError, match=r"^--batch-size 10000000 needs about .* of 128 tokens"):
-        finetune(config, tmp_path / "run", progress=False)
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    """A 2-layer, 32-wide BERT on the bundled vocabulary."""
+    folder = tmp_path_factory.mktemp("tiny")
+    torch.manual_seed(0)
+    BertModel(config(hidden=32, inner=64, vocab=30522)).save_pretrained(folder)
+    bertlab.BertTokenizer.from_pretrained("default").save_pretrained(folder)
+    return folder
+
+
+class Trained(Exception):
+    """Raised where the training loop would have started."""
+
+
+def reached(*args, **kwargs):
+    raise Trained
+
+
+def test_a_fine_tuning_batch_is_counted_at_its_longest_sequence(sst2, tiny, tmp_path, monkeypatch):
+    """A batch is padded to its longest sequence: on short sentences a large --max-length costs
+    nothing, and is not refused; a batch size whose batch of the longest sentences cannot fit
+    is, before any step."""
+    monkeypatch.setattr(memory, "available", lambda device: (100 * 2**20, "here: 100 MiB"))
+    monkeypatch.setattr(bertlab.train.finetune, "train", reached)
+    train = str(sst2 / "train.tsv")
+    fits = FinetuneConfig(task="classify", train=train, model=str(tiny), max_length=512)
+    prepared = bertlab.train.finetune.prepare(fits)
+    longest = max(len(f["input_ids"]) for f in prepared.train.features)
+    assert longest < 128  # SST-2 sentences; at 512 tokens a batch of 32 would not fit here:
+    parameters = sum(p.numel() for p in prepared.model.parameters())
+    assert step_memory(prepared.model.config, parameters, 32, 512).total > 100 * 2**20
+    with pytest.raises(Trained):
+        finetune(fits, tmp_path / "fits", progress=False)
+    rows = len(prepared.train.features)  # a batch larger than the training set is all of it
+    need = step_memory(prepared.model.config, parameters, rows, longest)
+    room = need.total - need.activations // 2 - 4 * parameters  # the weights are built already
+    monkeypatch.setattr(memory, "available", lambda device: (room, "here: so much"))
+    too_many = FinetuneConfig(task="classify", train=train, model=str(tiny), batch_size=10**7)
+    with pytest.raises(ValueError) as e:
+        finetune(too_many, tmp_path / "run", progress=False)
+    assert str(e.value) == (
+        f"--batch-size 10000000 needs about {gib(need.total)} for a training step (weights, "
+        f"gradients and optimizer state {gib(need.model)}, activations {gib(need.activations)} "
+        f"for {rows:,} sequences of {longest} tokens); here: so much: about {rows // 2:,} "
+        f"sequences of {longest} tokens fit"
+    )
     assert not (tmp_path / "run").exists()
 
 
-def test_the_commands_refuse_it_in_one_line(corpus, sst2, tmp_path, capsys):
-    argv = ["finetune", "classify", "--train", str(sst2 / "train.tsv"), "-o", str(tmp_path / "f")]
-    assert main([*argv, "--batch-size", "10000000", "--max-length", "64"]) == 2
+def test_the_commands_refuse_it_in_one_line(corpus, sst2, tiny, tmp_path, capsys, monkeypatch):
+    argv = ["finetune", "classify", "--train", str(sst2 / "train.tsv"), "--model", str(tiny)]
+    monkeypatch.setattr(memory, "available", lambda device: (20 * 2**20, "here: 20 MiB"))
+    assert main([*argv, "-o", str(tmp_path / "f"), "--batch-size", "10000000"]) == 2
     out, err = capsys.readouterr()
     assert err.startswith("bertlab finetune: error: --batch-size 10000000 needs about ")
-    assert err.count("\n") == 1 and "of 64 tokens" in err and out == ""
+    assert err.count("\n") == 1 and "here: 20 MiB" in err and "Traceback" not in err
+    monkeypatch.undo()  # this machine's own memory: no machine has 37 TiB
     argv = ["pretrain", "--data", str(corpus["short"]), "--model", str(corpus["config"])]
     assert main([*argv, "-o", str(tmp_path / "p"), "--batch-size", "10000000"]) == 2
     err = capsys.readouterr().err
@@ -284,9 +324,9 @@ def test_the_demo_and_the_defaults_are_far_from_any_limit():
     """What the README's demo fine-tunes (the bundled model, 32 sentences of 64 tokens) and
     the commands' defaults need: well under what any machine that runs bertlab has."""
     bundled = resolve_source("default").config
-    demo = step_memory(bundled, encoder_parameters(bundled), 32, 64)
-    assert demo.total < 1 * GIB
-    assert step_memory(bundled, encoder_parameters(bundled), 32, 128).total < 2 * GIB
+    weights = sum(p.numel() for p in BertForSequenceClassification(bundled).parameters())
+    assert step_memory(bundled, weights, 32, 64).total < 1 * GIB
+    assert step_memory(bundled, weights, 32, 128).total < 2 * GIB
     mini = BertConfig.preset("mini")
     pretraining = sum(p.numel() for p in BertForPreTraining(mini).parameters())
     assert step_memory(mini, pretraining, 32, 128, predicted=20).total < 1 * GIB

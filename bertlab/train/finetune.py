@@ -45,7 +45,7 @@ from bertlab.tasks.qa import QuestionAnsweringTask
 from bertlab.tasks.tag import TaggingTask
 from bertlab.tokenizer import BertTokenizer
 from bertlab.train.loop import TrainConfig, train
-from bertlab.train.memory import check_fits, encoder_parameters, step_memory
+from bertlab.train.memory import check_fits, step_memory
 from bertlab.train.runs import CHECKPOINT, RUN_FILE, check_run_folder
 
 logger = logging.getLogger("bertlab")
@@ -142,21 +142,27 @@ class Prepared:
         return data
 
 
+def check_memory(model: torch.nn.Module, features: list[dict], config: FinetuneConfig) -> None:
+    """Refuse, before the first step, a batch that cannot fit in the memory of the device
+    (``bertlab.train.memory``): the largest batch the run can draw, ``batch_size`` of its
+    longest training sequences (a batch is padded to its longest one)."""
+    parameters = sum(p.numel() for p in model.parameters())
+    rows = min(config.batch_size, len(features))
+    longest = max(len(f["input_ids"]) for f in features)
+    estimate = step_memory(model.config, parameters, rows, longest, precision=config.precision)
+    resident = 4 * parameters if torch.device(config.device).type == "cpu" else 0  # built there
+    check_fits(estimate, f"--batch-size {config.batch_size}", config.device, resident)
+
+
 def prepare(config: FinetuneConfig, progress: bool = False) -> Prepared:
-    """Check that a batch fits in memory, read and check the data, encode it, and build the
-    task and the starting model."""
+    """Read and check the data, encode it, build the task and the starting model, and check
+    that a batch fits in memory."""
     source = resolve_source(config.model)
     if source.folder is None:  # a preset or a config file: no weights, no vocabulary
         raise ValueError(
             f"fine-tuning starts from a model folder (weights and vocabulary); {config.model!r} "
             f"is a {source.kind} ({source.description})"
         )
-    # A batch of max_length sequences that cannot fit is refused before the data is read.
-    parameters = encoder_parameters(source.config)
-    estimate = step_memory(
-        source.config, parameters, config.batch_size, config.length, precision=config.precision
-    )
-    check_fits(estimate, f"--batch-size {config.batch_size}", config.device)
     directory = source.folder
     tokenizer = BertTokenizer.from_pretrained(directory)
     task, train_split, dev, report = TASKS[config.task].read(config, tokenizer)
@@ -179,6 +185,7 @@ def prepare(config: FinetuneConfig, progress: bool = False) -> Prepared:
         )
     torch.manual_seed(config.seed)  # the fresh head follows the seed
     model = task.build_model(directory, **overrides)
+    check_memory(model, features, config)
     per_epoch = math.ceil(len(features) / config.batch_size)
     steps = max(1, math.ceil(config.epochs * per_epoch))
     return Prepared(tokenizer, task, train_split, dev, report, model, per_epoch, steps)

@@ -127,17 +127,6 @@ def step_memory(
     )
 
 
-def encoder_parameters(config: Any) -> int:
-    """The weights of ``BertModel(config)`` (embeddings, layers, pooler), from the config
-    alone: before a model is built. A fine-tuning head adds H x labels, which is left out."""
-    H, I, L = config.hidden_size, config.intermediate_size, config.num_hidden_layers
-    positions, types = config.max_position_embeddings, config.type_vocab_size
-    embeddings = (config.vocab_size + positions + types) * H + 2 * H  # tables, LayerNorm
-    attention = 4 * (H * H + H) + 2 * H  # query, key, value, output; LayerNorm
-    feed_forward = (H * I + I) + (I * H + H) + 2 * H  # in, out; LayerNorm
-    return embeddings + L * (attention + feed_forward) + H * H + H  # and the pooler
-
-
 # ============================================================================ what there is
 def cgroup_room(root: Path = Path("/sys/fs/cgroup")) -> int | None:
     """Bytes left under this process's cgroup memory limit (v2's memory.max, else v1's
@@ -219,13 +208,17 @@ def check_fits(estimate: StepMemory, option: str, device: str, resident: int = 0
     if estimate.total <= room:
         return estimate
     fit = int((room - estimate.model) // estimate.per_row) if room > estimate.model else 0
+    fits = "fits" if fit == 1 else "fit"
     advice = (
-        f"about {fit:,} sequences of {estimate.seq_len} tokens fit"
-        if fit
-        else "the model alone does not fit"
+        f"about {sequences(fit)} of {estimate.seq_len} tokens {fits}" if fit else "not one fits"
     )
     raise ValueError(
         f"{option} needs about {gib(estimate.total)} for a training step (weights, gradients "
         f"and optimizer state {gib(estimate.model)}, activations {gib(estimate.activations)} "
-        f"for {estimate.rows:,} sequences of {estimate.seq_len} tokens); {where}: {advice}"
+        f"for {sequences(estimate.rows)} of {estimate.seq_len} tokens); {where}: {advice}"
     )
+
+
+def sequences(n: int) -> str:
+    """'1 sequence', '5,333 sequences'."""
+    return f"{n:,} sequence{'' if n == 1 else 's'}"
