@@ -24,8 +24,9 @@ import torch
 
 pytest.importorskip("starlette", reason="the serve extra (starlette, uvicorn) runs the server")
 pytest.importorskip("httpx", reason="Starlette's test client needs httpx (a test extra)")
-from helpers import scramble  # noqa: E402
 from starlette.testclient import TestClient  # noqa: E402
+from tiny_models import texts as odd_texts  # noqa: E402
+from tiny_models import tiny as _tiny  # noqa: E402
 
 import bertlab  # noqa: E402
 from bertlab.files import resolve_model_dir  # noqa: E402
@@ -36,25 +37,6 @@ from bertlab.serve.engine import Row  # noqa: E402
 DEFAULT = resolve_model_dir("default")
 TAGS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
 TEXTS = ["Ann lives in Paris.", "A warm, funny film.", "Stocks fell sharply on Monday in Tokyo"]
-
-
-def _tiny(cls, folder: Path, seed: int, **config) -> Path:
-    """A small scrambled model with the bundled vocabulary and 64 positions (so that long
-    texts are cheap), saved to ``folder``."""
-    cfg = bertlab.BertConfig(
-        vocab_size=30522,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=128,
-        max_position_embeddings=64,
-        **config,
-    )
-    torch.manual_seed(seed)
-    model = scramble(cls(cfg), seed).eval()
-    model.save_pretrained(folder)
-    bertlab.BertTokenizer.from_pretrained(DEFAULT).save_pretrained(folder)
-    return folder
 
 
 @pytest.fixture(scope="module")
@@ -371,7 +353,8 @@ def test_info_lists_models_heads_labels_and_limits(client):
         ("/embed", {"model": "minilm"}, 422, "inputs"),
         ("/embed", {"model": "minilm", "inputs": []}, 422, "inputs"),
         ("/embed", {"model": "minilm", "inputs": ["ok", ""]}, 422, "inputs[1]"),
-        ("/embed", {"model": "minilm", "inputs": "a\x00b"}, 422, "inputs"),
+        ("/embed", {"model": "minilm", "inputs": "a\ud800b"}, 422, "inputs"),
+        ("/embed", {"model": "minilm", "inputs": ["ok", "a\udfffb"]}, 422, "inputs[1]"),
         ("/embed", {"model": "minilm", "inputs": 5}, 422, "inputs"),
         ("/embed", {"model": "minilm", "inputs": ["x"] * 65}, 413, "inputs"),
         ("/embed", {"model": "minilm", "inputs": "x", "normalize": 1}, 422, "normalize"),
@@ -412,7 +395,7 @@ def test_info_lists_models_heads_labels_and_limits(client):
     ],
 )
 def test_each_bad_request_is_a_4xx_naming_its_field(client, route, body, status, field):
-    r = client.post(route, json=body)
+    r = client.post(route, content=json.dumps(body).encode())  # an unpaired surrogate as \ud800
     assert r.status_code == status, r.text
     assert r.json()["field"] == field and r.json()["error"]
 
@@ -444,6 +427,7 @@ def test_a_fuzzer_never_gets_a_5xx_and_the_server_still_answers_right(client):
         st.integers(-(2**70), 2**70),
         st.floats(allow_nan=False, allow_infinity=False),
         st.text(max_size=30),
+        odd_texts(st),  # unpaired surrogates, NUL, control characters, emoji, ...
         st.sampled_from(["minilm", "clf", "ner", "qa", "mlm", "[MASK]"]),
     )
     values = st.recursive(
@@ -533,6 +517,7 @@ def test_past_max_concurrent_requests_the_excess_gets_429(folders):
     assert statuses.count(200) >= 2 and statuses.count(429) >= 1 and set(statuses) <= {200, 429}
     refused = next(r for r in codes if r.status_code == 429)
     assert "limit of 2 concurrent requests" in refused.json()["error"]
+    assert refused.headers["retry-after"] == "1"  # seconds, as RFC 9110 has it
 
 
 def test_the_api_key_is_required_and_checked(folders):
@@ -542,9 +527,15 @@ def test_the_api_key_is_required_and_checked(folders):
         wrong = {"Authorization": "Bearer nope"}
         assert c.post("/embed", json={"inputs": "x"}, headers=wrong).status_code == 403
         assert c.get("/info", headers=wrong).status_code == 403
-        ok = {"Authorization": "Bearer s3cret"}
-        assert c.post("/embed", json={"inputs": "x"}, headers=ok).status_code == 200
+        for scheme in ("Bearer", "bearer", "BEARER", "bEaReR"):  # a scheme is case-insensitive
+            ok = {"Authorization": f"{scheme} s3cret"}
+            assert c.post("/embed", json={"inputs": "x"}, headers=ok).status_code == 200
         assert c.get("/health").status_code == 200  # open: a load balancer's probe
+        for given in ("s3cret", "Basic s3cret", "Bearer", "Bearer "):  # no Bearer scheme
+            r = c.post("/embed", json={"inputs": "x"}, headers={"Authorization": given})
+            assert r.status_code == 401 and "Authorization: Bearer <key>" in r.json()["error"]
+            assert "s3cret" not in r.text  # the key is never echoed
+        assert c.get("/metrics", headers={"Authorization": "s3cret"}).status_code == 401
 
 
 def test_the_payload_limit_is_a_413(folders):
@@ -719,16 +710,24 @@ def test_the_command_refuses_bad_settings_by_name(folders, capsys, tmp_path):
     from bertlab.cli.main import main
 
     mc = _tiny(bertlab.BertForMultipleChoice, tmp_path / "mc", 6)
+    # a folder that says it is a masked LM but holds no masked-LM head: it cannot fill masks
+    headless = _tiny(bertlab.BertModel, tmp_path / "headless", 7)
+    config = json.loads((headless / "config.json").read_text())
+    (headless / "config.json").write_text(
+        json.dumps({**config, "architectures": ["BertForMaskedLM"]})
+    )
     cases = [
         (["serve", str(folders["mlm"]), "--port", "70000"], "--port 70000 is outside 0..65535"),
         (["serve", str(folders["mlm"]), "--max-batch-tokens", "0"], "max_batch_tokens must be"),
         (["serve", str(tmp_path / "missing")], "missing"),
         (["serve", f"a={folders['mlm']}", f"a={folders['ner']}"], "two models are named a"),
         (["serve", str(mc)], "multiple-choice head, which bertlab serve does not serve"),
+        (["serve", f"headless={headless}"], "model 'headless' cannot be served: the model in"),
     ]
     for argv, message in cases:
         assert main(argv) == 2, argv
-        assert message in capsys.readouterr().err, argv
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, (argv, err)  # no traceback
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -814,12 +813,14 @@ def test_the_serving_process_keeps_freed_blocks_and_freezes_what_it_loaded(folde
 
 @pytest.mark.parametrize("dtype", ["float32", "int8"])
 def test_the_request_profile_times_every_part_of_the_batch(dtype):
-    """scripts/profile_serve_batch.py splits a request's batch into its parts by timers around
-    the encoder's calls: each part it names must be caught (a renamed function would leave a
-    part at zero and the rest growing), and the parts must fit inside the batch's time. Then
-    it times each product shape alone, and the batch's products at those rates; given another
-    server's throughput, the budget of a batch served three times as fast."""
-    script = Path(__file__).resolve().parent.parent / "scripts" / "profile_serve_batch.py"
+    """benchmarks/harness/profile_serve_batch.py splits a request's batch into its parts by
+    timers around the encoder's calls: each part it names must be caught (a renamed function
+    would leave a part at zero and the rest growing), and the parts must fit inside the batch's
+    time. Then it times each product shape alone, and the batch's products at those rates;
+    given another server's throughput, the budget of a batch served three times as fast."""
+    script = (
+        Path(__file__).resolve().parents[1] / "benchmarks" / "harness" / "profile_serve_batch.py"
+    )
     cmd = [sys.executable, str(script), "--sentences", "8", "--repeat", "2", "--dtype", dtype]
     cmd += ["--plain", "2500"]  # tokens/s: 8 sentences take about 2 ms on 2 cores
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True).stdout

@@ -150,8 +150,9 @@ def cmd_finetune(args: argparse.Namespace) -> int:
 def _inputs(args: argparse.Namespace) -> list:
     """Texts from the arguments, else --file, else standard input; one per line, each read by
     the pipeline (answer: a JSON object {"question", "context"} per line, or a question with
-    --context)."""
+    --context). Each line passes the pipelines' text rules first, named by its number."""
     from bertlab.pipelines import PIPELINES
+    from bertlab.pipelines.text import check_text
 
     if args.text:
         lines = list(args.text)
@@ -162,8 +163,13 @@ def _inputs(args: argparse.Namespace) -> list:
     lines = [x for x in lines if x.strip()]
     if not lines:
         raise ValueError("no input: give texts as arguments, --file FILE, or lines on stdin")
+    if args.context is not None:
+        check_text(args.context, "--context")
     parse = PIPELINES[args.task].parse
-    return [parse(line, n, context=args.context) for n, line in enumerate(lines, 1)]
+    return [
+        parse(check_text(line, f"input line {n}"), n, context=args.context)
+        for n, line in enumerate(lines, 1)
+    ]
 
 
 def cmd_predict(args: argparse.Namespace) -> int:

@@ -1,12 +1,15 @@
 """The explore payload: everything the page shows about one sentence, taken from one real forward
 pass of the model, as one JSON-able dict (its format: ``FORMAT``; the page's scripts read it).
 
-Nothing here re-implements the network. Forward hooks read what the model's own modules compute
-(the three embedding lookups, the sum that enters the embedding LayerNorm, each layer's query,
-key and value projections) and the model's outputs give the hidden states, the attention
-probabilities and the head's answer. What the page adds on top is arithmetic on these numbers
-that it shows step by step (q·k/√D, the softmax of a row, the LayerNorm of reference 002), and
-the tests reconcile that arithmetic with the model's own values.
+Nothing here re-implements the network or the front half of inference. The text is checked and
+encoded by the pipelines' front half (``bertlab.pipelines.front``: the text rules, the length
+rule and the truncation of the pipelines and the server), a reader's best span comes from the
+one span decoder (``bertlab.data.squad.decode_spans``), forward hooks read what the model's own
+modules compute (the three embedding lookups, the sum that enters the embedding LayerNorm, each
+layer's query, key and value projections) and the model's outputs give the hidden states, the
+attention probabilities and the head's answer. What the page adds on top is arithmetic on these
+numbers that it shows step by step (q·k/√D, the softmax of a row, the LayerNorm of reference
+002), and the tests reconcile that arithmetic with the model's own values.
 
 Tensors travel as ``{"dtype", "shape", "b64"}`` (little-endian bytes, C order). A long input is
 summarised so that the file stays small enough to open: attention rows keep their largest
@@ -14,6 +17,9 @@ weights, vectors are stored in float16; every such step is named in ``payload["s
 which the page shows.
 
 Shapes: T tokens, H hidden, L layers, A heads, D = H / A, P positions, V vocabulary.
+
+Imports the network, the pipelines' front half and text rules, the span decoder, and the other
+explore modules (graph.py, summary.py).
 """
 
 from __future__ import annotations
@@ -29,11 +35,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bertlab.data.squad import decode_spans
 from bertlab.explore.graph import network_graph
 from bertlab.explore.summary import LAYER_NAME, LEGEND, parameter_table, symbols
 from bertlab.files import BUNDLED_NAMES, bundled_model_dir
-from bertlab.nn.heads import HEADS, BertForMultipleChoice
+from bertlab.nn.heads import BertForMultipleChoice
 from bertlab.nn.model import BertPreTrainedModel, sinusoidal_positions
+from bertlab.pipelines import text as text_rules
+from bertlab.pipelines.front import Encoded, TooLong, encode, head_name, max_tokens
 
 FORMAT = "bertlab-explore/1"
 ATTENTION_BYTES = 16 * 2**20  # full attention maps up to this size; above it, top-k per row
@@ -124,34 +133,41 @@ def build_payload(
 ) -> dict[str, Any]:
     """The payload for ``text`` (and ``pair``, segment B) through ``model`` (any head).
 
-    The text must not be empty; over the model's positions it is refused, naming both
-    numbers, unless ``truncate`` (then the page says how many tokens were dropped)."""
+    The text must not be empty or hold an invalid code point (``bertlab.pipelines.text``); over
+    the model's length (``front.max_tokens``) it is refused, naming both numbers, unless
+    ``truncate`` (then the page says how many tokens were dropped)."""
     check_text(text, "text")
     if pair is not None:
         check_text(pair, "pair")
     config = model.config
-    limit = config.max_position_embeddings
-    full = tokenizer(text, pair, verbose=False)  # counted, not yet cut: no warning
-    n = len(full["input_ids"])
-    truncated = None
-    if n > limit:
-        if not truncate:
-            raise ValueError(
-                f"the input is {n} tokens long; this model reads at most {limit} "
-                "(max_position_embeddings): shorten it, or pass truncate=True (--truncate) to "
-                f"keep the first {limit}"
-            )
-        truncated = {"tokens": n, "kept": limit, "limit": limit}
-    enc = tokenizer(
-        text,
-        pair,
-        truncation=truncated is not None,
-        max_length=limit,
-        return_offsets_mapping=True,
-        return_tensors="pt",
-    )
-    ids, types = enc["input_ids"], enc["token_type_ids"]
-    batch = {"input_ids": ids, "token_type_ids": types, "attention_mask": enc["attention_mask"]}
+    limit = max_tokens(config, tokenizer)
+    try:
+        (enc,) = encode(
+            tokenizer,
+            [text],
+            "hidden",
+            limit=limit,
+            pairs=None if pair is None else [pair],
+            fields=["text"],
+            pair_fields=["pair"],
+            long="truncate" if truncate else "error",
+            offsets=True,
+        )
+    except TooLong as e:
+        named = (
+            "max_position_embeddings"
+            if limit == config.max_position_embeddings
+            else "the tokenizer's model_max_length"
+        )
+        raise ValueError(
+            f"the input is {e.tokens} tokens long; this model reads at most {limit} ({named}): "
+            f"shorten it, or pass truncate=True (--truncate) to keep the first {limit}"
+        ) from None
+    n = enc.tokens
+    truncated = {"tokens": n, "kept": limit, "limit": limit} if enc.truncated else None
+    ids = torch.tensor([enc.rows[0].input_ids])  # (1, T)
+    types = torch.tensor([enc.rows[0].token_type_ids])
+    batch = {"input_ids": ids, "token_type_ids": types, "attention_mask": torch.ones_like(ids)}
     was_training = model.training
     model.eval()
     try:
@@ -193,13 +209,7 @@ def build_payload(
 def check_text(text: Any, what: str) -> None:
     if not isinstance(text, str):
         raise TypeError(f"{what} must be a string, got {type(text).__name__}")
-    if not text.strip():
-        raise ValueError(f"{what} is empty: give at least one word to explore")
-
-
-def head_name(model: BertPreTrainedModel) -> str:
-    """The key of HEADS whose class ``model`` is (or derives from); "base" for any other."""
-    return next((h for h, cls in HEADS.items() if isinstance(model, cls)), "base")
+    text_rules.check_text(text, what, blank="{field} is empty: give at least one word to explore")
 
 
 def describe_model(model: BertPreTrainedModel, path: str | None) -> dict[str, Any]:
@@ -229,12 +239,12 @@ def describe_model(model: BertPreTrainedModel, path: str | None) -> dict[str, An
     }
 
 
-def token_rows(tokenizer: Any, enc: Any) -> list[dict[str, Any]]:
+def token_rows(tokenizer: Any, enc: Encoded) -> list[dict[str, Any]]:
     """One row per token: piece, id, segment, the characters it came from, the word it is in."""
-    ids = enc["input_ids"][0].tolist()
-    segments = enc["token_type_ids"][0].tolist()
-    offsets = enc["offset_mapping"][0].tolist()
-    words = enc.word_ids(0)
+    ids = enc.rows[0].input_ids
+    segments = enc.rows[0].token_type_ids
+    offsets = enc.offsets
+    words = enc.word_ids
     pieces = tokenizer.convert_ids_to_tokens(ids)
     special = set(tokenizer.all_special_ids)
     mask_id = tokenizer.mask_token_id
@@ -376,7 +386,7 @@ def predictions(
 
 
 def head_output(
-    model: BertPreTrainedModel, out: Any, enc: Any, tokenizer: Any, text: str, pair: str | None
+    model: BertPreTrainedModel, out: Any, enc: Encoded, tokenizer: Any, text: str, pair: str | None
 ) -> dict[str, Any]:
     """What the head answers for this input: the model's own output, formatted."""
     name = head_name(model)
@@ -416,30 +426,26 @@ def head_output(
     return {"kind": "base", "pooled_norm": None if pooled is None else float(pooled[0].norm())}
 
 
-def best_span(out: Any, enc: Any, text: str, pair: str | None, longest: int = 30) -> dict:
+def best_span(out: Any, enc: Encoded, text: str, pair: str | None, longest: int = 30) -> dict:
     """The highest start + end logit over spans of non-special tokens in the context (the pair
-    when there is one, as in question + context), at most ``longest`` tokens long."""
+    when there is one, as in question + context), at most ``longest`` tokens long: the one span
+    decoder's (``decode_spans``) best, every span read."""
     start, end = out.start_logits[0].float(), out.end_logits[0].float()
-    words = enc.word_ids(0)
-    segment = enc["token_type_ids"][0]
     context = 1 if pair is not None else 0
-    ok = torch.tensor([w is not None for w in words]) & (segment == context)
-    score = start[:, None] + end[None, :]
-    T = score.shape[0]
-    i, j = torch.meshgrid(torch.arange(T), torch.arange(T), indexing="ij")
-    allowed = ok[:, None] & ok[None, :] & (j >= i) & (j - i < longest)
-    if not bool(allowed.any()):
-        best = None
-    else:
-        flat = int(score.masked_fill(~allowed, -math.inf).argmax())
-        s, e = divmod(flat, T)
-        offsets = enc["offset_mapping"][0].tolist()
+    segments = enc.rows[0].token_type_ids
+    ok = torch.tensor(
+        [w is not None and s == context for w, s in zip(enc.word_ids, segments, strict=True)]
+    )
+    spans, _ = decode_spans([start], [end], [ok], top_k=1, max_answer_length=longest)
+    best = None
+    if spans:
+        s, e = spans[0].start, spans[0].end
         source = pair if pair is not None else text
         best = {
             "start": s,
             "end": e,
-            "score": float(score[s, e]),
-            "text": source[offsets[s][0] : offsets[e][1]],
+            "score": spans[0].score,
+            "text": source[enc.offsets[s][0] : enc.offsets[e][1]],
         }
     return {"start": array(start), "end": array(end), "best": best}
 

@@ -21,6 +21,20 @@ aggregation_strategy="simple")``): those pipelines live in tasks.py, on base.py'
 answer in transformers' result shapes; fill-mask, a name of both, is in predict.py and
 answers in transformers' shape too. ``model`` may be a folder, "default" or a bertlab model
 object (with ``tokenizer=``); ``device`` is -1, "cpu", 0, "cuda:0" or a torch.device.
+
+The two name sets are two result formats over one engine, which the server (bertlab.serve) and
+the explorer (bertlab.explore) use too:
+    text.py     the rules every input text meets (invalid code points), ``InputError``
+    front.py    the one front half: texts -> checked, encoded rows under the model's length
+                (cut, split into windows or refused) -> padded batches -> the model -> each
+                row's output -> windows merged back per text
+    base.py     the Pipeline class: a model and tokenizer loaded once, rows run through front.py
+    predict.py  bertlab's own pipelines and their formats (``bertlab predict``)
+    tasks.py    transformers' task names and result shapes
+    corpus.py   ``bertlab predict --out``: a file of millions of lines, streamed and resumable
+QA spans come from the one span decoder, bertlab.data.squad.decode_spans. Imports point down:
+this package imports the network, the tokenizer and the data, never the server, the explorer
+or the commands.
 """
 
 from __future__ import annotations

@@ -1,10 +1,13 @@
 """The base of every pipeline: a model folder (or model object) and its tokenizer loaded once,
-batches run without gradients, the device argument as transformers takes it
-(distributed.as_device), and the checks of options shared by the pipelines of both name sets
-(predict.py: bertlab's own; tasks.py: transformers' task names). ``compile=True`` runs every
-single text, and the batches with little padding, as one compiled graph (nn/compiled.py): at
-one short sentence 1.2x faster in float32 and bfloat16, 1.7x in int8; the first call compiles
-(seconds).
+the device argument as transformers takes it (distributed.as_device), the checks of options
+shared by the pipelines of both name sets (predict.py: bertlab's own; tasks.py: transformers'
+task names), and the run of their rows through front.py, the one front half (texts checked,
+encoded under the model's length, batched ``batch_size`` rows at a time in order, read by
+``front.Reader``) without gradients. ``compile=True`` runs every single text, and the batches
+with little padding, as one compiled graph (nn/compiled.py): at one short sentence 1.2x faster
+in float32 and bfloat16, 1.7x in int8; the first call compiles (seconds).
+
+Imports front.py, text.py, the network, the tokenizer and bertlab's files and devices.
 """
 
 from __future__ import annotations
@@ -12,21 +15,51 @@ from __future__ import annotations
 import inspect
 import json
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from bertlab.data.batch import pad
 from bertlab.distributed import Device, as_device
 from bertlab.files import resolve_model_dir
 from bertlab.nn.compiled import Compiled
 from bertlab.nn.model import BertModel
+from bertlab.pipelines.front import (
+    Encoded,
+    Reader,
+    Row,
+    batch_of,
+    encode,
+    head_name,
+    max_tokens,
+    per_text,
+    rows_of,
+    runnable,
+)
+from bertlab.pipelines.text import check_texts
 from bertlab.tokenizer import BertTokenizer
 
 
 def _batches(items: list, size: int):
     for i in range(0, len(items), size):
         yield items[i : i + size]
+
+
+def load_model(
+    cls: type, directory: Any, needs: tuple[str, ...] = (), task: str = "", **kwargs: Any
+) -> torch.nn.Module:
+    """``cls`` loaded from ``directory`` (``kwargs``: from_pretrained's, e.g. dtype), refused by
+    name when the weights whose names start with ``needs`` are not in the folder: a randomly
+    initialised head would answer, but with noise."""
+    loaded, info = cls.from_pretrained(directory, output_loading_info=True, **kwargs)
+    missing = [k for k in info.missing_keys if k.startswith(needs)] if needs else []
+    if missing:
+        raise ValueError(
+            f"the model in {directory} has no trained weights for "
+            f"{', '.join(sorted({k.rsplit('.', 1)[0] for k in missing}))}: a {task} "
+            f"pipeline needs a model trained for it"
+        )
+    return loaded
 
 
 class Pipeline:
@@ -72,8 +105,14 @@ class Pipeline:
         else:
             self.model.to(self.device)
         self.model.eval()
-        # compile=True: single texts and batches with little padding through the compiled graph
-        self.forward = Compiled(self.model) if compile else self.model
+        self.head = head_name(self.model)
+        # what a batch runs through: the model, or the encoder of a masked-LM model (whose head
+        # reads the [MASK] rows alone); compile=True: single texts and batches with little
+        # padding through its compiled graph
+        run = runnable(self.model, self.head)
+        self.forward = Compiled(run) if compile else run
+        self.reader = Reader(self.model, self.forward, self.head, self.tokenizer.mask_token_id)
+        self.limit = max_tokens(self.model.config, self.tokenizer)  # the longest row
 
     def _options(self) -> dict[str, Any]:
         """The call's options (keywords) with their defaults, each checked. bertlab's own
@@ -100,15 +139,7 @@ class Pipeline:
                     f"got a {type(model).__name__}"
                 )
             return model
-        loaded, info = self.model_class.from_pretrained(self.directory, output_loading_info=True)
-        missing = [k for k in info.missing_keys if k.startswith(self.needs)] if self.needs else []
-        if missing:
-            raise ValueError(
-                f"the model in {self.directory} has no trained weights for "
-                f"{', '.join(sorted({k.rsplit('.', 1)[0] for k in missing}))}: a {self.task} "
-                f"pipeline needs a model trained for it"
-            )
-        return loaded
+        return load_model(self.model_class, self.directory, self.needs, self.task)
 
     @classmethod
     def parse(cls, line: str, n: int, **options: Any) -> Any:
@@ -130,25 +161,29 @@ class Pipeline:
         """One result as a line of JSON: {"input": ..., "output": ...}."""
         return json.dumps({"input": item, "output": result}, ensure_ascii=False)
 
-    def _encode(self, texts: list[str], pairs: list[str] | None = None, **kw) -> Any:
-        return self.tokenizer(texts, pairs, truncation=True, **kw)
+    def _encode(self, texts: Sequence[str], want: str, **kw: Any) -> list[Encoded]:
+        """``front.encode`` under this model's length; texts past it are cut (``long``:
+        "truncate" unless given)."""
+        kw.setdefault("long", "truncate")
+        return encode(self.tokenizer, texts, want, limit=self.limit, **kw)
 
-    def _batch(self, features: list[dict]) -> dict[str, torch.Tensor]:
-        """The features padded into one batch, on the model's device."""
-        padded = pad(features, self.tokenizer.pad_token_id)
-        return {k: v.to(self.device) for k, v in padded.items()}
-
-    def _run(self, features: list[dict]) -> Any:
-        batch = self._batch(features)
+    def _outputs(self, rows: list[Row]) -> list[Any]:
+        """Each row's output (``front.Reader``), ``batch_size`` rows a batch, in order."""
+        results: list[Any] = []
         with torch.no_grad():
-            return self.forward(**batch), batch
+            for chunk in _batches(rows, self.batch_size):
+                batch = batch_of(chunk, self.tokenizer.pad_token_id, self.device)
+                results += self.reader(chunk, batch)
+        return results
+
+    def _per_text(self, encoded: list[Encoded]) -> list[list[Any]]:
+        """Each text's window outputs (one window unless it was split)."""
+        return per_text(encoded, self._outputs(rows_of(encoded)))
 
 
-def _features(enc: Any) -> list[dict[str, list[int]]]:
-    return [
-        {"input_ids": i, "token_type_ids": t}
-        for i, t in zip(enc["input_ids"], enc["token_type_ids"], strict=True)
-    ]
+def _fields(name: str, n: int, single: bool) -> list[str]:
+    """How texts are named in refusals: ``name`` for one text, ``name[i]`` in a list."""
+    return [name] if single else [f"{name}[{i}]" for i in range(n)]
 
 
 def _check_top_k(top_k: Any, none_ok: bool = False) -> None:
@@ -165,9 +200,6 @@ def _check_flags(**flags: Any) -> None:
             raise ValueError(f"{name} {value!r} is not True or False")
 
 
-def _texts(texts: str | list[str]) -> tuple[list[str], bool]:
-    if isinstance(texts, str):
-        return [texts], True
-    if not isinstance(texts, (list, tuple)) or not all(isinstance(t, str) for t in texts):
-        raise TypeError("texts must be a str or a list of str")
-    return list(texts), False
+def _texts(texts: Any, field: str = "texts") -> tuple[list[str], bool]:
+    """A text or a list of texts, each checked (text.py) and named ``field``/``field[i]``."""
+    return check_texts(texts, field)

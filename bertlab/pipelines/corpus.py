@@ -11,8 +11,9 @@ embed an (N, H) float32 ``.npy`` or a Parquet file) under a temporary name, then
 torchrun rank r takes the chunks r, r+W, ... of those left and rank 0 waits for the others'
 parts, then assembles: a chunk's results never depend on the process that computed them.
 
-Imports the pipelines, bertlab.files, bertlab.distributed and bertlab.progress; the command
-line (``bertlab.cli.tasks``) imports this.
+Every text and pair passes the pipelines' text rules (text.py) when the input is checked, so a
+bad line is named before any work. Imports the pipelines, bertlab.files, bertlab.distributed
+and bertlab.progress; the command line (``bertlab.cli.tasks``) imports this.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ import torch
 
 from bertlab.distributed import world
 from bertlab.files import atomic_write, resolve_model_dir
+from bertlab.pipelines import pipeline
+from bertlab.pipelines.text import check_text
 from bertlab.progress import Progress
 
 CHUNK_LINES = 10_000  # input lines per part file: the most a resumed run computes again
@@ -111,7 +114,7 @@ def _items(raw: bytes, n: int, path: Path, as_json: bool) -> list[tuple[str, str
     except UnicodeDecodeError as e:
         raise ValueError(f"{path} line {n} is not UTF-8 ({e.reason} at byte {e.start})") from None
     if not as_json:  # as --file reads text: every line break splitlines knows, no blank lines
-        return [(x, None) for x in line.splitlines() if x.strip()]
+        return [(check_text(x, f"{path} line {n}"), None) for x in line.splitlines() if x.strip()]
     if not line.strip():
         return []
     try:
@@ -128,6 +131,8 @@ def _items(raw: bytes, n: int, path: Path, as_json: bool) -> list[tuple[str, str
         if key in obj and not isinstance(obj[key], str):
             kind = type(obj[key]).__name__
             raise ValueError(f'{path} line {n}: "{key}" is a {kind}, not a string')
+        if key in obj:
+            check_text(obj[key], f'{path} line {n} "{key}"')
     return [(obj["text"], obj.get("pair"))]
 
 
@@ -290,8 +295,6 @@ def predict_corpus(job: CorpusJob, stream: TextIO | None = None) -> CorpusResult
     """Run ``job``: everything checked and the model loaded first, then the chunks left to
     this rank, then (rank 0) OUT assembled and the parts removed. A status line goes to
     ``stream`` (standard error) on rank 0 when it is a terminal, and nothing otherwise."""
-    from bertlab.pipelines import pipeline
-
     rank, size = world()
     path, out = Path(job.file), Path(job.out)
     parts = out.with_name(out.name + ".parts")

@@ -1,6 +1,10 @@
 """bertlab's own pipelines, as ``bertlab predict`` knows them: embed, classify, tag, answer,
 fill-mask. Each reads its own input lines (``parse``), takes the command's options (``run``)
-and formats its results as text (``text``) or JSON lines (``json_line``).
+and formats its results as text (``text``) or JSON lines (``json_line``). Their rows run
+through the one front half (front.py, by way of base.py); what is here is each task's reading
+of the outputs, which the server's routes call too (``labels``, ``ranked``, ``words``,
+``entities``, ``answers``, ``top``, ``candidates``). Imports base.py, front.py, text.py, the
+network's heads, bertlab.metrics and the SQuAD reader (data/squad.py).
 """
 
 from __future__ import annotations
@@ -11,30 +15,19 @@ from typing import Any
 
 import torch
 
+from bertlab.data.squad import SquadData, SquadExample, best_answers, encode_squad
 from bertlab.metrics import conll_entities, to_iob2
-from bertlab.nn.compiled import Compiled
 from bertlab.nn.heads import (
     BertForMaskedLM,
     BertForQuestionAnswering,
     BertForSequenceClassification,
     BertForTokenClassification,
 )
-from bertlab.nn.packing import mean_pool
-from bertlab.pipelines.base import Pipeline, _batches, _check_top_k, _features, _texts
-
-
-def sentence_vectors(
-    forward: torch.nn.Module | Compiled, batch: dict[str, torch.Tensor]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One batch through a BertModel or its ``Compiled`` program -> (B, H) float32 means over
-    the real tokens and (B, H) [CLS] vectors. The model pools its output in the layout it ran
-    in (``Encoded.mean``: packed, without a padded copy); a compiled program, whose output is
-    padded, pools that."""
-    if isinstance(forward, Compiled):
-        hidden = forward(**batch).last_hidden_state.float()  # (B, T, H)
-        return mean_pool(hidden, batch["attention_mask"]), hidden[:, 0]
-    enc = forward.encode(**batch)
-    return enc.mean(), enc.first().float()
+from bertlab.nn.model import BertPreTrainedModel
+from bertlab.nn.packing import mean_pool  # noqa: F401  (tests import it from here)
+from bertlab.pipelines.base import Pipeline, _check_top_k, _fields, _texts
+from bertlab.pipelines.front import Row, rows_of
+from bertlab.pipelines.text import check_text
 
 
 class EmbedPipeline(Pipeline):
@@ -49,20 +42,13 @@ class EmbedPipeline(Pipeline):
         if pooling not in ("mean", "cls"):
             raise ValueError(f"pooling {pooling!r} is not 'mean' or 'cls'")
         items, single = _texts(texts)
-        out = []
-        for chunk in _batches(items, self.batch_size):
-            enc = self._encode(chunk, return_attention_mask=False)
-            feats = _features(enc)
-            v = self._pool(feats, pooling)
-            out.append(torch.nn.functional.normalize(v, dim=-1) if normalize else v)
-        vectors = torch.cat(out).cpu()
+        if not items:
+            return torch.empty(0, self.model.config.hidden_size)
+        encoded = self._encode(items, pooling, fields=_fields("texts", len(items), single))
+        vectors = torch.stack(self._outputs(rows_of(encoded)))  # (N, H) float32
+        if normalize:
+            vectors = torch.nn.functional.normalize(vectors, dim=-1)
         return vectors[0] if single else vectors
-
-    def _pool(self, features: list[dict], pooling: str) -> torch.Tensor:
-        """(B, H) float32 vectors of one batch."""
-        with torch.no_grad():
-            means, first = sentence_vectors(self.forward, self._batch(features))
-        return first if pooling == "cls" else means
 
     def run(
         self, items: list, pooling: str = "mean", normalize: bool = True, **_: Any
@@ -86,17 +72,17 @@ class ClassifyPipeline(Pipeline):
         self, texts: str | list[str], pairs: str | list[str] | None = None, top_k: int | None = 1
     ) -> list:
         items, single = _texts(texts)
-        pair_items = None if pairs is None else _texts(pairs)[0]
+        pair_items = None if pairs is None else _texts(pairs, "pairs")[0]
         if pair_items is not None and len(pair_items) != len(items):
             raise ValueError(f"{len(items)} texts but {len(pair_items)} pairs")
-        results: list = []
-        for start in range(0, len(items), self.batch_size):
-            chunk = items[start : start + self.batch_size]
-            pchunk = None if pair_items is None else pair_items[start : start + self.batch_size]
-            enc = self._encode(chunk, pchunk, return_attention_mask=False)
-            feats = _features(enc)
-            out, _ = self._run(feats)
-            results += [self.labels(row, top_k) for row in out.logits.float().cpu()]
+        encoded = self._encode(
+            items,
+            "logits",
+            pairs=pair_items,
+            fields=_fields("texts", len(items), single),
+            pair_fields=None if pair_items is None else _fields("pairs", len(items), single),
+        )
+        results = [self.labels(logits, top_k) for logits in self._outputs(rows_of(encoded))]
         return results[0] if single else results
 
     @property
@@ -140,16 +126,12 @@ class TagPipeline(Pipeline):
 
     def __call__(self, texts: str | list[str]) -> list:
         items, single = _texts(texts)
-        results = []
-        for chunk in _batches(items, self.batch_size):
-            enc = self._encode(chunk, return_offsets_mapping=True, return_attention_mask=False)
-            feats = _features(enc)
-            out, _ = self._run(feats)
-            probs = out.logits.float().softmax(-1).cpu()
-            for r, text in enumerate(chunk):
-                results.append(
-                    self.entities(text, enc.word_ids(r), enc["offset_mapping"][r], probs[r])
-                )
+        fields = _fields("texts", len(items), single)
+        encoded = self._encode(items, "tokens", fields=fields, offsets=True)
+        results = [
+            self.entities(text, e.word_ids, e.offsets, probs)
+            for text, e, probs in zip(items, encoded, self._outputs(rows_of(encoded)), strict=True)
+        ]
         return results[0] if single else results
 
     def words(
@@ -224,15 +206,15 @@ class AnswerPipeline(Pipeline):
         allow_no_answer: bool = False,
     ) -> dict | list[dict]:
         data, features = self.windows(question, context, max_length, doc_stride, max_query_length)
-        starts, ends = [], []
-        for chunk in _batches(features, self.batch_size):
-            out, _ = self._run(chunk)
-            for r, f in enumerate(chunk):
-                n = len(f["input_ids"])
-                starts.append(out.start_logits[r, :n].float().cpu())
-                ends.append(out.end_logits[r, :n].float().cpu())
+        outs = self._outputs([Row(f["input_ids"], f["token_type_ids"], "span") for f in features])
         answers = self.answers(
-            data, features, starts, ends, top_k, max_answer_length, allow_no_answer
+            data,
+            features,
+            [s for s, _ in outs],
+            [e for _, e in outs],
+            top_k,
+            max_answer_length,
+            allow_no_answer,
         )
         return answers[0] if top_k == 1 else answers
 
@@ -244,17 +226,16 @@ class AnswerPipeline(Pipeline):
         doc_stride: int = 128,
         max_query_length: int = 64,
     ) -> tuple[Any, list[dict]]:
-        """The question over windows of the context (``doc_stride`` tokens apart): the example
-        (a ``SquadData`` of one) and the windows' features, each with its context offsets."""
-        from bertlab.data.squad import SquadData, SquadExample, encode_squad
-
-        if not question.strip():
-            raise ValueError("the question is empty")
+        """The question over windows of the context (``doc_stride`` tokens apart, each at most
+        ``max_length`` tokens and the model's length): the example (a ``SquadData`` of one) and
+        the windows' features, each with its context offsets."""
+        check_text(question, "question", blank="the {field} is empty")
+        check_text(context, "context")
         data = SquadData([SquadExample("q", "", question, context, [], None, None)], "1.1", "")
         features = encode_squad(
             self.tokenizer,
             data,
-            max_length=max_length,
+            max_length=min(max_length, self.limit),
             doc_stride=doc_stride,
             max_query_length=max_query_length,
             training=False,
@@ -274,8 +255,6 @@ class AnswerPipeline(Pipeline):
         """The ``top_k`` best spans over the windows, from each window's (n,) start and end
         logits, with their probability (start x end, softmax over the window) and character
         offsets; with ``allow_no_answer`` the empty answer where [CLS] scores higher."""
-        from bertlab.data.squad import best_answers
-
         T = max(len(s) for s in starts)
         S = torch.full((len(starts), T), float("-inf"))
         E = torch.full((len(starts), T), float("-inf"))
@@ -364,17 +343,24 @@ class FillMaskPipeline(Pipeline):
     transformers' shape: ``{score, token (the id), token_str, sequence}`` per candidate, a list
     per [MASK] when a text has several. ``targets`` ranks only the given tokens (a word outside
     the vocabulary stands for its first word piece). ``bertlab predict`` prints
-    ``{token, id, score, sequence}`` (``run``)."""
+    ``{token, id, score, sequence}`` (``run``). A folder loads as a BertForMaskedLM (a
+    pre-training checkpoint's masked-LM head included); a model object may be any with a
+    masked-LM head (BertForMaskedLM, BertForPreTraining)."""
 
     task = "fill-mask"
     model_class = BertForMaskedLM
     needs = ("cls.predictions.",)
 
+    def _model(self, model: Any) -> torch.nn.Module:
+        if isinstance(model, BertPreTrainedModel) and model.mlm_head() is not None:
+            return model
+        return super()._model(model)
+
     def _options(self, top_k: int = 5, targets: str | list[str] | None = None) -> dict:
         _check_top_k(top_k)
         ids = None
         if targets is not None:
-            ids = sorted({self._target_id(t) for t in _texts(targets)[0]})
+            ids = sorted({self._target_id(t) for t in _texts(targets, "targets")[0]})
             if not ids:
                 raise ValueError("targets is empty: give at least one token")
             top_k = min(top_k, len(ids))
@@ -391,18 +377,15 @@ class FillMaskPipeline(Pipeline):
     def _fill(self, texts: list[str], top_k: int, targets: list[int] | None) -> list[tuple]:
         """Per text: its ids, the [MASK] positions, and per [MASK] the top (score, id)."""
         mask_id = self.tokenizer.mask_token_id
-        enc = self._encode(texts, return_attention_mask=False)
-        for text, ids in zip(texts, enc["input_ids"], strict=True):
-            if mask_id not in ids:
+        encoded = self._encode(texts, "masks", fields=_fields("inputs", len(texts), False))
+        for text, e in zip(texts, encoded, strict=True):
+            if mask_id not in e.rows[0].input_ids:
                 raise ValueError(f"text {text!r} has no {self.tokenizer.mask_token} token")
         found = []
-        feats = _features(enc)
-        for chunk in _batches(feats, self.batch_size):
-            out, _ = self._run(chunk)
-            for r, f in enumerate(chunk):
-                ids = f["input_ids"]
-                masks = [p for p, t in enumerate(ids) if t == mask_id]
-                found.append((ids, masks, self.top(out.logits[r, masks], top_k, targets)))
+        for e, logits in zip(encoded, self._outputs(rows_of(encoded)), strict=True):
+            ids = e.rows[0].input_ids
+            masks = [p for p, t in enumerate(ids) if t == mask_id]
+            found.append((ids, masks, self.top(logits, top_k, targets)))
         return found
 
     @staticmethod
@@ -442,13 +425,13 @@ class FillMaskPipeline(Pipeline):
         """One text: a list of candidates (a list of such lists when it has several [MASK]s);
         a list of texts: a list of those (a list of one text answers as that text alone)."""
         settings = self._settings(options)
-        texts, single = _texts(inputs)
+        texts, single = _texts(inputs, "inputs")
         results = [self.candidates(*found) for found in self._fill(texts, **settings)]
         return results[0] if single or len(results) == 1 else results
 
     def run(self, items: list, top_k: int | None = None, **_: Any) -> list:
         results = []
-        for ids, masks, best in self._fill(items, top_k or 5, None):
+        for ids, masks, best in self._fill(_texts(items, "inputs")[0], top_k or 5, None):
             rows = [
                 [
                     {

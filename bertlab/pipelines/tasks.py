@@ -5,19 +5,22 @@ token-classification (alias ner), question-answering, zero-shot-classification.
 
 Built by ``bertlab.pipeline(task, model=..., tokenizer=..., device=..., **options)``. Options are
 keywords of the call, or of ``pipeline()`` to set them for every call; an unknown option or a
-bad value is refused by name before any text is read. Held to transformers on the same weights
-by tests/test_pipeline_transformers_tasks.py. Imports base.py (the base class and the shared
-helpers), predict.py (fill-mask), nn/ and the tokenizer.
+bad value is refused by name before any text is read. Their rows run through the one front half
+(front.py, by way of base.py), and question-answering reads its spans with the one span decoder
+(data/squad.decode_spans, in transformers' scoring); what is here is transformers' reading and
+result shapes. Held to transformers on the same weights by
+tests/test_pipeline_transformers_tasks.py. Imports base.py, front.py, text.py, predict.py
+(fill-mask), data/squad.py and nn/.
 """
 
 from __future__ import annotations
 
-import math
 import os
 from typing import Any
 
 import torch
 
+from bertlab.data.squad import decode_spans
 from bertlab.nn.heads import (
     BertForQuestionAnswering,
     BertForSequenceClassification,
@@ -26,13 +29,14 @@ from bertlab.nn.heads import (
 from bertlab.nn.model import BertModel
 from bertlab.pipelines.base import (
     Pipeline,
-    _batches,
     _check_flags,
     _check_top_k,
-    _features,
+    _fields,
     _texts,
 )
+from bertlab.pipelines.front import Encoded, Row, rows_of
 from bertlab.pipelines.predict import FillMaskPipeline
+from bertlab.pipelines.text import check_text
 
 
 class FeatureExtractionPipeline(Pipeline):
@@ -53,15 +57,17 @@ class FeatureExtractionPipeline(Pipeline):
 
     def __call__(self, inputs: str | list[str], **options: Any) -> list | torch.Tensor:
         settings = self._settings(options)
-        texts, single = _texts(inputs)
-        enc = self.tokenizer(texts, truncation=settings["truncation"], return_attention_mask=False)
+        texts, single = _texts(inputs, "inputs")
+        encoded = self._encode(
+            texts,
+            "hidden",
+            fields=_fields("inputs", len(texts), single),
+            long="truncate" if settings["truncation"] else "error",
+        )
         results = []
-        for chunk in _batches(_features(enc), self.batch_size):
-            out, _ = self._run(chunk)
-            h = out.last_hidden_state.float().cpu()  # (B, T, H), padding rows dropped below
-            for r, f in enumerate(chunk):
-                x = h[r : r + 1, : len(f["input_ids"])]  # (1, T, H)
-                results.append(x if settings["return_tensors"] else x.tolist())
+        for h in self._outputs(rows_of(encoded)):
+            x = h[None]  # (1, T, H)
+            results.append(x if settings["return_tensors"] else x.tolist())
         return results[0] if single else results
 
 
@@ -104,25 +110,34 @@ class TextClassificationPipeline(Pipeline):
     def __call__(self, inputs: Any, **options: Any) -> list | dict:
         settings = self._settings(options)
         items, single = _text_pairs(inputs)
-        feats = [
-            _features(self.tokenizer([t], None if p is None else [p], truncation=True))[0]
-            for t, p in items
-        ]
+        encoded: list[Encoded | None] = [None] * len(items)
+        for paired in (False, True):  # single texts, then pairs: one call each
+            idx = [i for i, (_, p) in enumerate(items) if (p is not None) == paired]
+            if idx:
+                name = lambda i: "inputs" if single else f"inputs[{i}]"  # noqa: E731
+                done = self._encode(
+                    [items[i][0] for i in idx],
+                    "logits",
+                    pairs=[items[i][1] for i in idx] if paired else None,
+                    fields=[name(i) for i in idx],
+                    pair_fields=[f"{name(i)}.text_pair" for i in idx] if paired else None,
+                )
+                for i, e in zip(idx, done, strict=True):
+                    encoded[i] = e
+        outputs = self._outputs(rows_of(encoded))  # type: ignore[arg-type]
         function = settings["function_to_apply"] or self._function()
         names, top_k = self.model.config.labels, settings["top_k"]
         results: list = []
-        for chunk in _batches(feats, self.batch_size):
-            out, _ = self._run(chunk)
-            logits = out.logits.float().cpu()  # (B, K)
+        for logits in outputs:  # (K,) each
             scores = {"softmax": logits.softmax(-1), "sigmoid": logits.sigmoid(), "none": logits}
-            for row in scores[function]:
-                if top_k is _UNSET:
-                    best = int(row.argmax())
-                    results.append({"label": names[best], "score": float(row[best])})
-                    continue
-                ranked = [{"label": names[i], "score": float(x)} for i, x in enumerate(row)]
-                ranked.sort(key=lambda c: c["score"], reverse=True)
-                results.append(ranked[:top_k] if top_k is not None else ranked)
+            row = scores[function]
+            if top_k is _UNSET:
+                best = int(row.argmax())
+                results.append({"label": names[best], "score": float(row[best])})
+                continue
+            ranked = [{"label": names[i], "score": float(x)} for i, x in enumerate(row)]
+            ranked.sort(key=lambda c: c["score"], reverse=True)
+            results.append(ranked[:top_k] if top_k is not None else ranked)
         if not single:
             return results
         return [results[0]] if isinstance(inputs, str) and "top_k" not in options else results[0]
@@ -157,32 +172,22 @@ class TokenClassificationPipeline(Pipeline):
 
     def __call__(self, inputs: str | list[str], **options: Any) -> list:
         settings = self._settings(options)
-        texts, single = _texts(inputs)
-        enc = self.tokenizer(
-            texts,
-            truncation=True,
-            return_offsets_mapping=True,
-            return_special_tokens_mask=True,
-            return_attention_mask=False,
+        texts, single = _texts(inputs, "inputs")
+        encoded = self._encode(
+            texts, "tokens", fields=_fields("inputs", len(texts), single), offsets=True
         )
-        feats = _features(enc)
-        results, r = [], 0
-        for chunk in _batches(feats, self.batch_size):
-            out, _ = self._run(chunk)
-            probs = out.logits.float().softmax(-1).cpu()  # (B, T, K)
-            for b, f in enumerate(chunk):
-                n = len(f["input_ids"])
-                pieces = self._pieces(texts[r], enc, r, probs[b, :n])
-                results.append(self._entities(pieces, **settings))
-                r += 1
+        results = [
+            self._entities(self._pieces(text, e, probs), **settings)
+            for text, e, probs in zip(texts, encoded, self._outputs(rows_of(encoded)), strict=True)
+        ]
         return results[0] if single else results
 
-    def _pieces(self, text: str, enc: Any, r: int, probs: torch.Tensor) -> list[dict]:
-        """The word pieces of text ``r`` (not [CLS], [SEP]) with their probabilities (T, K)."""
+    def _pieces(self, text: str, e: Encoded, probs: torch.Tensor) -> list[dict]:
+        """The word pieces of a text (not [CLS], [SEP]) with their probabilities (T, K)."""
         pieces = []
-        ids, special = enc["input_ids"][r], enc["special_tokens_mask"][r]
-        for p, (a, b) in enumerate(enc["offset_mapping"][r]):
-            if special[p]:
+        ids = e.rows[0].input_ids
+        for p, (a, b) in enumerate(e.offsets):
+            if e.special[p]:
                 continue
             word = self.tokenizer.convert_ids_to_tokens(ids[p])
             continues = len(word) != b - a
@@ -281,8 +286,9 @@ class TokenClassificationPipeline(Pipeline):
 class QuestionAnsweringPipeline(Pipeline):
     """``{score, start, end, answer}``: the best span of the context (``top_k``: a list of the
     best, unless only one was found). A span's score is P(start) x P(end), each a softmax over
-    the context's tokens and [CLS] within a window of ``max_seq_len`` tokens; windows overlap
-    by ``min(doc_stride, max_seq_len // 2)`` tokens. Spans run at most ``max_answer_len``
+    the context's tokens and [CLS] within a window of ``max_seq_len`` tokens (at most the
+    model's length, ``front.max_tokens``); windows overlap by ``min(doc_stride, max_seq_len //
+    2)`` tokens. Spans run at most ``max_answer_len``
     tokens; with ``align_to_words`` their ends are widened to whole words.
     ``handle_impossible_answer`` adds the empty answer, scored by [CLS]. Questions come as
     ``(question, context)``, ``question=``/``context=`` (lists too), a dict or a list of
@@ -318,7 +324,7 @@ class QuestionAnsweringPipeline(Pipeline):
         )
         return {
             "top_k": top_k,
-            "stride": min(doc_stride, max_seq_len // 2),
+            "doc_stride": doc_stride,
             "max_answer_len": max_answer_len,
             "max_seq_len": max_seq_len,
             "null": handle_impossible_answer,
@@ -337,53 +343,40 @@ class QuestionAnsweringPipeline(Pipeline):
         question: str,
         context: str,
         top_k: int,
-        stride: int,
+        doc_stride: int,
         max_answer_len: int,
         max_seq_len: int,
         null: bool,
         align: bool,
     ) -> dict | list[dict]:
+        max_seq_len = min(max_seq_len, self.limit)  # windows the model can read
         enc = self.tokenizer(
             question,
             context,
             truncation="only_second",
             max_length=max_seq_len,
-            stride=stride,
+            stride=min(doc_stride, max_seq_len // 2),
             return_overflowing_tokens=True,
             return_offsets_mapping=True,
             return_attention_mask=False,
         )
-        answers, null_score = [], math.inf
-        windows = _features(enc)
-        for first in range(0, len(windows), self.batch_size):
-            chunk = windows[first : first + self.batch_size]
-            out, _ = self._run(chunk)
-            for b, f in enumerate(chunk):
-                w, n = first + b, len(f["input_ids"])
-                window = enc.encodings[w]
-                # the context's tokens and [CLS] may answer; the rest get no probability
-                cls_id = self.tokenizer.cls_token_id
-                pairs = zip(window.sequence_ids, f["input_ids"], strict=True)
-                keep = torch.tensor([s == 1 or t == cls_id for s, t in pairs])
-                start = out.start_logits[b, :n].float().cpu().masked_fill(~keep, -10000.0)
-                end = out.end_logits[b, :n].float().cpu().masked_fill(~keep, -10000.0)
-                start, end = start.softmax(-1), end.softmax(-1)  # (T,)
-                null_score = min(null_score, float(start[0] * end[0]))
-                start[0] = end[0] = 0.0  # [CLS] is the empty answer, not a span
-                spans = torch.outer(start, end).triu().tril(max_answer_len - 1)  # (T, T)
-                flat = spans.flatten()
-                if top_k == 1:
-                    order = flat.argmax().reshape(1)
-                else:
-                    order = flat.argsort(descending=True, stable=True)[:top_k]
-                for i in order.tolist():
-                    s, e = divmod(i, n)
-                    if not (keep[s] and keep[e]):
-                        continue
-                    a, z = _span_chars(window, s, e, align)
-                    answers.append(
-                        {"score": float(spans[s, e]), "start": a, "end": z, "answer": context[a:z]}
-                    )
+        windows = enc.encodings
+        rows = [Row(w.ids, w.type_ids, "span") for w in windows]
+        outs = self._outputs(rows)
+        # the context's tokens may answer; [CLS] is the empty answer
+        allowed = [torch.tensor([s == 1 for s in w.sequence_ids]) for w in windows]
+        spans, null_score = decode_spans(
+            [s for s, _ in outs],
+            [e for _, e in outs],
+            allowed,
+            top_k=top_k,
+            max_answer_length=max_answer_len,
+            scoring="probabilities",
+        )
+        answers = []
+        for span in spans:
+            a, z = _span_chars(windows[span.window], span.start, span.end, align)
+            answers.append({"score": span.score, "start": a, "end": z, "answer": context[a:z]})
         if null:
             answers.append({"score": null_score, "start": 0, "end": 0, "answer": ""})
         answers = sorted(answers, key=lambda x: x["score"], reverse=True)[:top_k]
@@ -441,8 +434,7 @@ def _question(question: Any, context: Any) -> tuple[str, str]:
     for name, value in (("question", question), ("context", context)):
         if not isinstance(value, str):
             raise TypeError(f"{name} must be a str, got {type(value).__name__}")
-        if not value.strip():
-            raise ValueError(f"the {name} is empty")
+        check_text(value, name, blank="the {field} is empty")
     return question, context
 
 
@@ -480,7 +472,7 @@ class ZeroShotClassificationPipeline(Pipeline):
         if isinstance(candidate_labels, str):
             candidate_labels = [x.strip() for x in candidate_labels.split(",") if x.strip()]
         if candidate_labels is not None:
-            candidate_labels = _texts(list(candidate_labels))[0]
+            candidate_labels = _texts(list(candidate_labels), "candidate_labels")[0]
             if not candidate_labels:
                 raise ValueError("candidate_labels is empty: give at least one label")
         if not isinstance(hypothesis_template, str) or (
@@ -489,6 +481,7 @@ class ZeroShotClassificationPipeline(Pipeline):
             raise ValueError(
                 f"hypothesis_template {hypothesis_template!r} has no {{}} for the label"
             )
+        check_text(hypothesis_template, "hypothesis_template")
         _check_flags(multi_label=multi_label)
         return {
             "labels": candidate_labels,
@@ -505,20 +498,21 @@ class ZeroShotClassificationPipeline(Pipeline):
         labels = settings["labels"]
         if labels is None:
             raise ValueError("zero-shot-classification needs candidate_labels")
-        texts, single = _texts(sequences)
+        texts, single = _texts(sequences, "sequences")
         hypotheses = [settings["template"].format(x) for x in labels]
         L = len(labels)
-        feats = []
-        for text in texts:
-            enc = self.tokenizer(
-                [text] * L, hypotheses, truncation="only_first", return_attention_mask=False
+        encoded = []
+        for field, text in zip(_fields("sequences", len(texts), single), texts, strict=True):
+            encoded += self._encode(
+                [text] * L,
+                "logits",
+                pairs=hypotheses,
+                fields=[field] * L,
+                pair_fields=[f"candidate_labels[{j}]" for j in range(L)],
+                pair_truncation="only_first",
             )
-            feats += _features(enc)
-        logits = []
-        for chunk in _batches(feats, self.batch_size):
-            out, _ = self._run(chunk)
-            logits.append(out.logits.float().cpu())
-        per_text = torch.cat(logits).view(len(texts), L, -1)  # (N, L, K)
+        logits = torch.stack(self._outputs(rows_of(encoded)))
+        per_text = logits.view(len(texts), L, -1)  # (N, L, K)
         results = []
         for text, x in zip(texts, per_text, strict=True):
             if settings["multi_label"] or L == 1:
@@ -539,22 +533,25 @@ class ZeroShotClassificationPipeline(Pipeline):
 def _text_pairs(inputs: Any) -> tuple[list[tuple[str, str | None]], bool]:
     """text-classification's inputs: a text, a pair {"text", "text_pair"}, or a list of these."""
 
-    def one(x: Any) -> tuple[str, str | None]:
+    def one(x: Any, field: str) -> tuple[str, str | None]:
         if isinstance(x, str):
-            return x, None
+            return check_text(x, field), None
         if isinstance(x, dict) and "text" in x and set(x) <= {"text", "text_pair"}:
             if not isinstance(x["text"], str) or not isinstance(x.get("text_pair", ""), str):
                 raise TypeError(f"text and text_pair must be str, got {x!r}")
-            return x["text"], x.get("text_pair")
+            pair = x.get("text_pair")
+            if pair is not None:
+                check_text(pair, f"{field}.text_pair")
+            return check_text(x["text"], f"{field}.text"), pair
         raise TypeError(
             f"{x!r} is not a text or a pair: send a str, or a dict "
             '{"text": "...", "text_pair": "..."}'
         )
 
     if isinstance(inputs, (str, dict)):
-        return [one(inputs)], True
+        return [one(inputs, "inputs")], True
     if isinstance(inputs, (list, tuple)) and inputs:
-        return [one(x) for x in inputs], False
+        return [one(x, f"inputs[{i}]") for i, x in enumerate(inputs)], False
     raise TypeError("inputs must be a str, a dict {text, text_pair}, or a non-empty list of these")
 
 

@@ -1,12 +1,15 @@
 """The HTTP side: a Starlette application over the served models (``Server.app()``).
 
-Every POST route runs the same steps (``Server._handle``): the API key (401 without, 403 wrong),
-the concurrency limit (429 past ``max_concurrent_requests``), the body (413 past
-``payload_limit``, 400 for invalid UTF-8 or JSON), the model (the ``model`` field or query
+Every POST route runs the same steps (``Server._handle``): the API key (``Authorization: Bearer
+KEY``, the scheme in any case; 401 without it or without the scheme, 403 for a wrong key), the
+concurrency limit (429 past ``max_concurrent_requests``, with ``Retry-After``), the body (413
+past ``payload_limit``, 400 for invalid UTF-8 or JSON), the model (the ``model`` field or query
 parameter; 404 for an unknown name, 422 for a model whose head does not serve the route), then
 the route itself (``routes.py``). A bad request is a 4xx whose JSON body names the field and the
-problem: ``{"error": ..., "error_type": ..., "field": ...}``. A model that fails inside a batch
-fails that batch's requests with a 500 saying so; the server goes on.
+problem: ``{"error": ..., "error_type": ..., "field": ...}``; an input the pipelines' front half
+refuses (``InputError``) is one too. A model that fails inside a batch fails that batch's
+requests with a 500 saying so; the server goes on. A client that leaves is a 499 in /metrics:
+before its body was read (logged on one line), or while its request waited for a batch.
 
 Responses carry their timings in milliseconds, as TEI's do: ``x-tokenization-time``,
 ``x-queue-time`` (waiting for a batch), ``x-inference-time``, ``x-total-time``; and
@@ -19,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hmac
 import json
 import logging
 import time
@@ -29,11 +33,12 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from bertlab.nn.compiled import Compiled
+from bertlab.pipelines.text import InputError
 from bertlab.serve import fields as F
 from bertlab.serve.engine import (
     Batcher,
@@ -56,6 +61,7 @@ except ImportError:  # pragma: no cover - the serve extra installs it
 
 logger = logging.getLogger("bertlab.serve")
 OPEN = ("/health",)  # answered without the API key
+RETRY_AFTER = 1  # seconds: what a 429 asks a client to wait (batches take milliseconds)
 
 
 @dataclass
@@ -175,12 +181,29 @@ def _plain(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON")
 
 
-def error(status: int, message: str, field: str | None = None, kind: str | None = None) -> Response:
+class ErrorJSON(JSONResponse):
+    """An error's JSON, written in ASCII: a message may quote what the client sent, and
+    ``\\uXXXX`` escapes carry any code point (an unpaired surrogate among them) that UTF-8
+    cannot."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+
+
+def error(
+    status: int,
+    message: str,
+    field: str | None = None,
+    kind: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> Response:
     kinds = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found"}
     kinds |= {405: "method_not_allowed", 413: "payload_too_large", 422: "validation"}
     kinds |= {429: "overloaded", 500: "backend", 503: "unavailable"}
     body = {"error": message, "error_type": kind or kinds.get(status, "error"), "field": field}
-    return JSONResponse(body, status_code=status)
+    if status == 429:
+        headers = {"Retry-After": str(RETRY_AFTER), **(headers or {})}
+    return ErrorJSON(body, status_code=status, headers=headers)
 
 
 class Server:
@@ -208,13 +231,24 @@ class Server:
 
     # ------------------------------------------------------------------ steps
     def _authorize(self, request: Request) -> None:
+        """``Authorization: Bearer KEY``, the scheme in any case (RFC 9110 makes it
+        case-insensitive): 401 without the header or without the scheme, 403 for another key.
+        The key is compared in constant time and never echoed."""
         key = self.config.api_key
         if key is None or request.url.path in OPEN:
             return
-        given = request.headers.get("authorization", "")
+        given = request.headers.get("authorization", "").strip()
         if not given:
             raise RequestError(401, None, "this server needs an API key: Authorization: Bearer KEY")
-        if given.removeprefix("Bearer ").strip() != key:
+        scheme, _, token = given.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise RequestError(
+                401,
+                None,
+                "the Authorization header must name the Bearer scheme before the key: "
+                "Authorization: Bearer <key>",
+            )
+        if not hmac.compare_digest(token.strip().encode(), key.encode()):
             raise RequestError(403, None, "the API key is not this server's")
 
     async def _json(self, request: Request) -> dict[str, Any]:
@@ -300,8 +334,14 @@ class Server:
                 self.inflight -= 1
         except RequestError as e:
             response = error(e.status, e.message, e.field)
-        except ClientGone:
+        except InputError as e:  # refused by the pipelines' front half
+            refused = RequestError.of(e)
+            response = error(refused.status, refused.message, refused.field)
+        except ClientDisconnect:  # the client left while its body was being read
+            logger.warning("POST /%s 499: the client disconnected while its body was read", route)
             response = Response(status_code=499)  # nobody is there to read it
+        except ClientGone:
+            response = Response(status_code=499)
         except ModelFailed as e:
             response = error(500, str(e), kind="backend")
         except Exception as e:  # a fault of the server's own: said, logged, and served on

@@ -1,23 +1,29 @@
-"""The served models and their batchers: the requests' sequences packed into batches under a
-token budget.
+"""The served models and their batchers: the requests' rows packed into batches under a token
+budget.
 
     model = ServedModel("name", folder)     the folder loaded with the head its config names
-    rows, info = model.encode(texts, ...)   tokenized, long texts truncated or split (windows)
+    encoded = model.encode(texts, ...)      the pipelines' front half: checked, tokenized, long
+                                            texts refused, cut or split into windows
     batcher = Batcher(load, limits)         one per model: its runner thread loads and runs it
     job = Job(rows, loop); batcher.submit(job); outputs = await job.future
 
-Each row says what it yields (``Row.want``): a mean or [CLS] vector, a classifier's logits, a
-tagger's per-token probabilities, a reader's start and end logits, or the masked-LM logits at
-its [MASK]s. The batcher takes rows from the waiting jobs in arrival order until the batch holds
+Everything between a text and its outputs is the pipelines' front half
+(``bertlab.pipelines.front``): ``encode`` makes the rows (``Row.want`` says what each yields: a
+mean or [CLS] vector, a classifier's logits, a tagger's per-token probabilities, a reader's start
+and end logits, or the masked-LM logits at its [MASK]s), ``pad_rows`` pads them and
+``front.Reader`` reads each row's output from the model's. What is the server's own is how rows
+are gathered: the batcher takes rows from the waiting jobs in arrival order until the batch holds
 ``max_batch_tokens`` real tokens or ``max_batch_sequences`` rows, or until the oldest has waited
 ``max_wait`` seconds, or at once when the model is free (nothing runs and no batch is ready:
 waiting would only add latency); it pads them into one batch, which the model runs packed (its
 default "packed" kernel removes the padding again, so the budget counts real tokens). While one
 batch runs, the former thread builds the next. Jobs whose client left are dropped before their rows
 are computed; a batch that raises fails its jobs alone (``ModelFailed``), and the batcher goes on.
+The routes finish the outputs with the pipelines' methods (``ServedModel.classify`` and the
+others), so a response holds what the Python pipelines return for the same input.
 
-The results are the pipelines' own: the per-row readers below take the same tensors the
-pipelines take (``bertlab.pipelines``), and the routes finish them with the pipelines' methods.
+Imports the pipelines (front half, text rules, the pipelines whose methods finish results) and
+the network; routes.py and app.py import this.
 """
 
 from __future__ import annotations
@@ -41,16 +47,40 @@ from bertlab.heap import release_freed_memory
 from bertlab.nn.compiled import Compiled
 from bertlab.nn.config import BertConfig
 from bertlab.nn.heads import HEADS, head_of
-from bertlab.nn.packing import mean_pool, window_order
+from bertlab.nn.packing import window_order
 from bertlab.nn.precision import CALIBRATION, quantize_int8, text_batches
+from bertlab.pipelines.base import load_model
+from bertlab.pipelines.front import (
+    HEADED,
+    Encoded,
+    Reader,
+    Row,
+    TooLong,
+    encode,
+    max_tokens,
+    pad_rows,
+    runnable,
+)
 from bertlab.pipelines.predict import (
     AnswerPipeline,
     ClassifyPipeline,
     FillMaskPipeline,
     TagPipeline,
-    sentence_vectors,
 )
+from bertlab.pipelines.text import InputError
 from bertlab.tokenizer import BertTokenizer
+
+__all__ = [
+    "Batcher",
+    "Encoded",
+    "Job",
+    "Limits",
+    "ModelFailed",
+    "RequestError",
+    "Row",
+    "ServedModel",
+    "pad_rows",
+]
 
 # What each head serves, beyond /tokenize, /decode and /info.
 EMBED = ("embed", "v1/embeddings", "similarity", "rerank")
@@ -62,9 +92,16 @@ ROUTES_BY_HEAD: dict[str, tuple[str, ...]] = {
     "token-classification": ("ner",),
     "question-answering": ("qa",),
 }
-HEADED = ("sequence-classification", "token-classification", "question-answering")  # model(...)
+# The pipeline whose methods finish a head's results; its ``needs`` are the weights that head
+# must find in the folder (a masked-LM folder without its head cannot fill masks).
+FINISHED_BY = {
+    "pretraining": FillMaskPipeline,
+    "masked-lm": FillMaskPipeline,
+    "sequence-classification": ClassifyPipeline,
+    "token-classification": TagPipeline,
+    "question-answering": AnswerPipeline,
+}
 WARM_UP_OUTPUT = dict(zip(HEADED, ("logits", "tokens", "span"), strict=True))  # else "mean"
-WINDOW_OVERLAP = 128  # tokens two neighbouring tagging windows share (at most half a window)
 DTYPES = ("float32", "bfloat16", "int8")
 # Compiled serving (``ServedModel(compile=True)``). A batch with little padding runs through the
 # compiled program in float32 and int8. A batch of mixed lengths is cut into groups of similar
@@ -127,34 +164,21 @@ class RequestError(Exception):
         super().__init__(message)
         self.status, self.field, self.message = status, field, message
 
+    @classmethod
+    def of(cls, e: InputError) -> RequestError:
+        """An input the front half refused, as the server answers it: a text past the model's
+        length says how a request asks for a cut (413; 422 for windows of a pair); another
+        refusal is a 413 when it passes a limit, else a 422."""
+        if isinstance(e, TooLong) and e.windows:
+            return cls(422, e.field, f'{e}; send "truncate": true')
+        if isinstance(e, TooLong):
+            split = "" if e.pair else ' or "windows": true to split it'
+            return cls(413, e.field, f'{e}: send "truncate": true to cut it{split}')
+        return cls(413 if e.limit else 422, e.field, str(e))
+
 
 class ModelFailed(Exception):
     """The model raised inside a batch: every job of that batch fails with this."""
-
-
-@dataclass
-class Row:
-    """One sequence for the model: its ids and what it yields ("mean", "cls", "logits",
-    "tokens", "span" or "masks")."""
-
-    input_ids: list[int]
-    token_type_ids: list[int]
-    want: str
-
-    def __len__(self) -> int:
-        return len(self.input_ids)
-
-
-@dataclass
-class Encoded:
-    """What ``ServedModel.encode`` made of one text: its rows (one, or its windows), whether it
-    was truncated, and the full encoding's word ids and offsets when asked for."""
-
-    rows: list[Row]
-    tokens: int  # the text's token count before any truncation, [CLS] and [SEP] included
-    truncated: bool = False
-    word_ids: list[int | None] | None = None
-    offsets: list[tuple[int, int]] | None = None
 
 
 class Job:
@@ -222,10 +246,20 @@ class ServedModel:
             )
         self.dtype = dtype
         self.torch_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
-        self.model = HEADS[self.head].from_pretrained(self.folder, dtype=self.torch_dtype).eval()
+        finisher = FINISHED_BY.get(self.head)
+        try:  # a folder without the weights its head needs is refused, by name
+            self.model = load_model(
+                HEADS[self.head],
+                self.folder,
+                finisher.needs if finisher else (),
+                finisher.task if finisher else "",
+                dtype=self.torch_dtype,
+            ).eval()
+        except ValueError as e:
+            raise ValueError(f"model {name!r} cannot be served: {e}") from None
         self.config = self.model.config
         self.tokenizer = BertTokenizer.from_pretrained(self.folder)
-        self.max_length = int(self.config.max_position_embeddings)
+        self.max_length = max_tokens(self.config, self.tokenizer)
         self.int8: dict[str, Any] | None = None
         if dtype == "int8":
             texts, source = calibration or calibration_texts(None)
@@ -241,18 +275,18 @@ class ServedModel:
         self.routes = ROUTES_BY_HEAD[self.head]
         if self.head == "sequence-classification" and self.config.num_labels != 1:
             self.routes = ("predict",)  # reranking needs one relevance score per pair
-        body = self.max_length - 2  # a window's pieces between [CLS] and [SEP]
-        self.window_step = body - min(WINDOW_OVERLAP, body // 2)  # tagging windows' stride
         kw = {"tokenizer": self.tokenizer}
         self.classify = ClassifyPipeline(self.model, **kw) if "predict" in self.routes else None
         self.tag = TagPipeline(self.model, **kw) if "ner" in self.routes else None
         self.answer = AnswerPipeline(self.model, **kw) if "qa" in self.routes else None
         self.fill = FillMaskPipeline(self.model, **kw) if "fill-mask" in self.routes else None
         self.compiled: Compiled | None = None
-        self.run = self.model if self.head in HEADED else self.encoder  # what forward calls
+        self.run = runnable(self.model, self.head)  # what a batch goes through
         if compile:
             self.compiled = Compiled(self.run)
             self.run = self.compiled
+        self.reader = Reader(self.model, self.run, self.head, self.tokenizer.mask_token_id)
+        if compile:
             self._warm_up()
 
     def _warm_up(self) -> None:
@@ -264,10 +298,6 @@ class ServedModel:
             ids = [cls] + [self.tokenizer.unk_token_id] * (length - 2) + [sep]
             self.forward([Row(ids, [0] * length, WARM_UP_OUTPUT.get(self.head, "mean"))] * rows)
         self.compile_seconds = round(time.perf_counter() - start, 1)
-
-    @property
-    def encoder(self) -> torch.nn.Module:
-        return self.model if self.head == "base" else self.model.bert
 
     def info(self) -> dict[str, Any]:
         labels = self.config.labels if self.head.endswith("classification") else None
@@ -295,72 +325,33 @@ class ServedModel:
         direction: str = "right",
         offsets: bool = False,
         field: str = "inputs",
+        fields: list[str] | None = None,
+        pair_fields: list[str] | None = None,
     ) -> list[Encoded]:
-        """Each text (with its pair) as rows. ``long`` says what happens past the model's
-        ``max_length`` tokens: "error" (a 413 naming the text), "truncate" (cut on the
-        ``direction`` side) or "windows" (split into windows, each a row: side by side for
-        vectors and labels, overlapping by WINDOW_OVERLAP tokens for tagging)."""
-        enc = self.tokenizer(
-            texts,
-            pairs,
-            truncation=False,
-            return_attention_mask=False,
-            return_offsets_mapping=offsets,
-            verbose=False,  # a long text is refused, cut or split below
-        )
-        L, out = self.max_length, []
-        for i in range(len(texts)):
-            ids, types = enc["input_ids"][i], enc["token_type_ids"][i]
-            extra = (
-                {"word_ids": enc.word_ids(i), "offsets": enc["offset_mapping"][i]}
-                if offsets
-                else {}
+        """Each text (with its pair) as rows, by the pipelines' front half (``front.encode``)
+        under this model's length. ``long`` says what happens past it: "error" (a 413 naming
+        the text), "truncate" (cut on the ``direction`` side) or "windows" (split into windows,
+        side by side for vectors and labels, overlapping for tagging). ``fields``: each text's
+        name in the request (default ``field``, or ``field[i]`` for several); a refused input
+        is a ``RequestError`` naming it."""
+        if fields is None:
+            single = len(texts) == 1 and field == "inputs"
+            fields = [field] if single else [f"{field}[{i}]" for i in range(len(texts))]
+        try:
+            return encode(
+                self.tokenizer,
+                texts,
+                want,
+                limit=self.max_length,
+                pairs=pairs,
+                fields=fields,
+                pair_fields=pair_fields,
+                long=long,
+                truncation_direction=direction,
+                offsets=offsets,
             )
-            n = len(ids)
-            if n <= L:
-                out.append(Encoded([Row(ids, types, want)], n, **extra))
-                continue
-            where = f"{field}[{i}]" if len(texts) > 1 or field != "inputs" else field
-            if long == "error":
-                split = "" if pairs is not None else ' or "windows": true to split it'
-                raise RequestError(
-                    413,
-                    where,
-                    f'{where} has {n} tokens; this model takes at most {L}: send "truncate": '
-                    f"true to cut it{split}",
-                )
-            if pairs is not None:
-                if long == "windows":
-                    raise RequestError(
-                        422,
-                        where,
-                        f"{where}: a text pair of {n} tokens cannot be split into windows (at "
-                        f'most {L}); send "truncate": true',
-                    )
-                if direction != "right":
-                    raise RequestError(
-                        422, "truncation_direction", "text pairs are truncated on the right only"
-                    )
-                cut = self.tokenizer(
-                    texts[i], pairs[i], truncation=True, max_length=L, return_attention_mask=False
-                )
-                out.append(Encoded([Row(cut["input_ids"], cut["token_type_ids"], want)], n, True))
-                continue
-            cls, body, sep = ids[:1], ids[1:-1], ids[-1:]
-            if long == "truncate":
-                kept = body[: L - 2] if direction == "right" else body[-(L - 2) :]
-                row = Row(cls + kept + sep, [0] * L, want)
-                out.append(Encoded([row], n, True, **extra))
-                continue
-            step = self.window_step if want == "tokens" else L - 2
-            rows = []
-            for start in range(0, len(body), step):
-                part = body[start : start + L - 2]
-                rows.append(Row(cls + part + sep, [0] * (len(part) + 2), want))
-                if start + L - 2 >= len(body):
-                    break
-            out.append(Encoded(rows, n, False, **extra))
-        return out
+        except InputError as e:
+            raise RequestError.of(e) from None
 
     # ------------------------------------------------------------------ running
     def prepare(self, rows: list[Row]) -> list[tuple[list[int], dict[str, np.ndarray]]]:
@@ -395,61 +386,8 @@ class ServedModel:
 
     def _outputs(self, rows: list[Row], arrays: dict[str, np.ndarray]) -> list[Any]:
         """One padded batch run (packed inside the model, unless compiled) and each row's
-        output: mean/cls -> (H,) float32; logits -> (C,); tokens -> (n, C) probabilities;
-        span -> two (n,) tensors; masks -> (M, V) logits at its [MASK] positions."""
-        batch = {k: torch.from_numpy(v) for k, v in arrays.items()}
-        out = hidden = means = first = None
-        if self.head in HEADED:
-            out = self.run(**batch)
-        elif any(row.want == "masks" for row in rows):  # fill-mask reads its [MASK] rows
-            hidden = self.run(**batch).last_hidden_state.float()  # (B, T, H)
-            means, first = mean_pool(hidden, batch["attention_mask"]), hidden[:, 0]
-        else:
-            means, first = sentence_vectors(self.run, batch)  # (B, H) each
-        results: list[Any] = []
-        for r, row in enumerate(rows):
-            n = len(row)
-            if row.want == "mean":
-                results.append(means[r])
-            elif row.want == "cls":
-                results.append(first[r].clone())
-            elif row.want == "logits":
-                results.append(out.logits[r].float())
-            elif row.want == "tokens":
-                results.append(out.logits[r, :n].float().softmax(-1))
-            elif row.want == "span":
-                results.append((out.start_logits[r, :n].float(), out.end_logits[r, :n].float()))
-            elif row.want == "masks":  # the masked-LM head on the [MASK] rows alone
-                mask_id = self.tokenizer.mask_token_id
-                where = [p for p, t in enumerate(row.input_ids) if t == mask_id]
-                h = hidden[r, where].to(self.torch_dtype)  # (M, H)
-                results.append(self.model.cls.predictions(h).float())
-            else:
-                raise ValueError(f"unknown row output {row.want!r}")
-        return results
-
-
-def pad_rows(rows: list[Row], pad_id: int, width: int | None = None) -> dict[str, np.ndarray]:
-    """The rows as a padded batch: input_ids, token_type_ids and attention_mask, (B, T) int64,
-    made with numpy so that the batcher's former thread never starts a team of torch workers.
-
-    With ``width`` (the model's length), T is one more than the longest row where that fits:
-    every batch then has padding, so the model runs it packed on a rounded row count
-    (packing.round_rows) as it does any padded batch, and a server meets a bounded set of
-    matrix shapes (about 16 per doubling of the token count), each built once, instead of one
-    per exact token count, whose kernels pile up in oneDNN's cache. Over 20,000 batch-1
-    requests run through ``ServedModel.forward`` in one process, memory grew by 8% of its
-    level after the first 1,000 this way, and by 14% without."""
-    B, T = len(rows), max(len(r) for r in rows)
-    if width is not None and T < width:
-        T += 1
-    ids = np.full((B, T), pad_id, dtype=np.int64)
-    types = np.zeros((B, T), dtype=np.int64)
-    mask = np.zeros((B, T), dtype=np.int64)
-    for i, r in enumerate(rows):
-        n = len(r)
-        ids[i, :n], types[i, :n], mask[i, :n] = r.input_ids, r.token_type_ids, 1
-    return {"input_ids": ids, "token_type_ids": types, "attention_mask": mask}
+        output, read by the front half's reader (``front.Reader``)."""
+        return self.reader(rows, {k: torch.from_numpy(v) for k, v in arrays.items()})
 
 
 TRIM_EVERY = 1.0  # seconds: the runner hands freed heap pages back at most this often

@@ -1,14 +1,19 @@
 """Reading a request's JSON fields: each value checked for type and range, and every problem a
-``RequestError`` (422 unless said) that names the field and what is wrong, before any work.
+``RequestError`` (422 unless said) that names the field as the request has it (``inputs[3]``,
+``inputs.sentences[1]``, ``texts[0]``) and what is wrong, before any work.
 
-Booleans are never taken for numbers (JSON ``true`` is not 1), strings may not be empty or hold a
-NUL character, and numbers have limits that the error states.
+Booleans are never taken for numbers (JSON ``true`` is not 1), numbers have limits that the
+error states, texts may not be blank and pass the pipelines' text rules (``bertlab.pipelines.text``:
+no surrogate code points; NUL, control characters and every other character are text), and a
+field of texts holds at most the server's ``--max-client-batch-size`` of them, counted in that
+field alone (413, ``too_many``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from bertlab.pipelines.text import InputError, check_text
 from bertlab.serve.engine import RequestError
 
 MISSING: Any = object()
@@ -61,35 +66,49 @@ def value(
 
 
 def text(v: Any, name: str) -> str:
-    """One input text: a non-empty string without NUL characters."""
+    """One input text: a string, not blank, that passes the text rules (``check_text``)."""
     if not isinstance(v, str):
         raise RequestError(422, name, f"{name} must be a string, got {_kind(v)}")
-    if not v.strip():
-        raise RequestError(422, name, f"{name} is empty")
-    if "\x00" in v:
-        raise RequestError(422, name, f"{name} holds a NUL character (at {v.index(chr(0))})")
-    return v
+    try:
+        return check_text(v, name, blank="{field} is empty")
+    except InputError as e:
+        raise RequestError.of(e) from None
 
 
-def texts(data: dict[str, Any], name: str, most: int) -> tuple[list[str], bool]:
+def too_many(name: str, n: int, most: int, what: str = "texts") -> None:
+    """The one count limit of every route: past ``most`` (the server's --max-client-batch-size)
+    ``name`` is refused with a 413 that names it, its count and the limit."""
+    if n > most:
+        raise RequestError(
+            413, name, f"{name} holds {n} {what}; this server takes at most {most} per request"
+        )
+
+
+def names(name: str, n: int, single: bool) -> list[str]:
+    """How a field's texts are named in refusals: ``name`` for one string, else ``name[i]``."""
+    return [name] if single else [f"{name}[{i}]" for i in range(n)]
+
+
+def texts(
+    data: dict[str, Any], name: str, most: int, label: str | None = None
+) -> tuple[list[str], bool]:
     """``data[name]``: a string or a list of 1..``most`` strings -> (the list, whether it was
-    one string). Past ``most`` (the server's --max-client-batch-size): 413."""
+    one string), each read by ``text``. ``label``: the field's name in the request when
+    ``data`` is nested (``inputs.sentences``). Past ``most``: 413 (``too_many``)."""
+    label = name if label is None else label
     v = data.get(name)
     if v is None:
-        raise RequestError(422, name, f"{name} is required")
+        raise RequestError(422, label, f"{label} is required")
     if isinstance(v, str):
-        return [text(v, name)], True
+        return [text(v, label)], True
     if not isinstance(v, list):
         raise RequestError(
-            422, name, f"{name} must be a string or a list of strings, got {_kind(v)}"
+            422, label, f"{label} must be a string or a list of strings, got {_kind(v)}"
         )
     if not v:
-        raise RequestError(422, name, f"{name} is an empty list")
-    if len(v) > most:
-        raise RequestError(
-            413, name, f"{name} holds {len(v)} texts; this server takes at most {most} per request"
-        )
-    return [text(t, f"{name}[{i}]") for i, t in enumerate(v)], False
+        raise RequestError(422, label, f"{label} is an empty list")
+    too_many(label, len(v), most)
+    return [text(t, f"{label}[{i}]") for i, t in enumerate(v)], False
 
 
 def long_policy(data: dict[str, Any], windows_ok: bool = True) -> tuple[str, str]:

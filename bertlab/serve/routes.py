@@ -1,7 +1,10 @@
 """What each route does with a request, once ``app.py`` has checked the key, the limits and the
-JSON: read its fields (``fields``), tokenize in a worker thread (``ctx.thread``), send the rows
-to the model's batcher (``ctx.compute``) and finish the outputs with the pipelines' methods, so
-a response holds exactly what the Python pipelines return for the same input.
+JSON: read its fields (``fields``: every text through the pipelines' text rules, every count
+against --max-client-batch-size in the field the request sends), encode them with the pipelines'
+front half in a worker thread (``ctx.thread``, ``ServedModel.encode``), send the rows to the
+model's batcher (``ctx.compute``), merge windows back (``front.merge_vectors``,
+``front.merge_tokens``) and finish the outputs with the pipelines' methods, so a response holds
+exactly what the Python pipelines return for the same input.
 
 Every route returns (the JSON result, response headers). Long texts: ``truncate`` cuts them,
 ``windows`` splits them (embeddings: the token-weighted mean of the windows' mean vectors;
@@ -19,6 +22,7 @@ from typing import Any, Protocol
 
 import torch
 
+from bertlab.pipelines import front
 from bertlab.serve import fields as F
 from bertlab.serve.engine import Encoded, RequestError, Row, ServedModel
 
@@ -42,17 +46,8 @@ Result = tuple[Any, dict[str, str]]
 Route = Callable[[Context, ServedModel, dict[str, Any]], Awaitable[Result]]
 
 
-def _rows(encoded: list[Encoded]) -> list[Row]:
-    return [row for e in encoded for row in e.rows]
-
-
-def _per_text(encoded: list[Encoded], outputs: list[Any]) -> list[list[Any]]:
-    """The batch's outputs regrouped per text (one list of window outputs each)."""
-    out, i = [], 0
-    for e in encoded:
-        out.append(outputs[i : i + len(e.rows)])
-        i += len(e.rows)
-    return out
+_rows = front.rows_of
+_per_text = front.per_text
 
 
 def _long_headers(encoded: list[Encoded]) -> dict[str, str]:
@@ -71,29 +66,26 @@ async def _vectors(
     ctx: Context,
     model: ServedModel,
     data: dict,
-    name: str,
+    texts: list[str],
+    fields: list[str],
     then: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, list[Encoded]]:
-    """The texts of ``data[name]`` as (N, D) vectors under the request's pooling, normalize,
-    dimensions and long-text fields (or ``then`` of them), computed in the runner thread."""
-    items, _ = F.texts(data, name, ctx.max_client_batch_size)
+    """``texts`` (named ``fields`` in the request) as (N, D) vectors under the request's
+    pooling, normalize, dimensions and long-text fields (or ``then`` of them), computed in the
+    runner thread."""
     pooling = F.value(data, "pooling", str, "mean", choices=("mean", "cls"))
     normalize = F.value(data, "normalize", bool, True)
     dims = F.value(data, "dimensions", int, None, lo=1, hi=model.config.hidden_size)
     long, direction = F.long_policy(data)
     encoded = await ctx.thread(
-        model.encode, items, pooling, long=long, direction=direction, field=name
+        model.encode, texts, pooling, long=long, direction=direction, fields=fields
     )
 
     def finish(outputs: list[torch.Tensor]) -> torch.Tensor:
-        vectors = []
-        for e, outs in zip(encoded, _per_text(encoded, outputs), strict=True):
-            if len(outs) == 1:
-                vectors.append(outs[0])
-            else:  # windows: each window's vector weighted by its tokens
-                w = torch.tensor([float(len(r)) for r in e.rows])
-                vectors.append((torch.stack(outs) * w[:, None]).sum(0) / w.sum())
-        v = torch.stack(vectors)
+        per_text = _per_text(encoded, outputs)
+        v = torch.stack(
+            [front.merge_vectors(e, outs) for e, outs in zip(encoded, per_text, strict=True)]
+        )
         if dims is not None:
             v = v[:, :dims]
         if normalize:
@@ -106,7 +98,8 @@ async def _vectors(
 async def embed(ctx: Context, model: ServedModel, data: dict) -> Result:
     """TEI's /embed: {inputs, normalize, truncate, truncation_direction, dimensions} -> a list
     of vectors (one per input, a list of one for a single string)."""
-    v, encoded = await _vectors(ctx, model, data, "inputs")
+    items, single = F.texts(data, "inputs", ctx.max_client_batch_size)
+    v, encoded = await _vectors(ctx, model, data, items, F.names("inputs", len(items), single))
     return v.numpy(), _long_headers(encoded)  # written by app.JSON
 
 
@@ -119,7 +112,9 @@ async def openai_embeddings(ctx: Context, model: ServedModel, data: dict) -> Res
         isinstance(x, list | int) for x in data["input"]
     ):
         raise RequestError(422, "input", "input must be text: token arrays are not taken here")
-    v, encoded = await _vectors(ctx, model, {**data, "inputs": data.get("input")}, "inputs")
+    texts, single = F.texts(data, "input", ctx.max_client_batch_size)
+    fields = F.names("input", len(texts), single)
+    v, encoded = await _vectors(ctx, model, data, texts, fields)
     items = []
     for i, (row, e) in enumerate(zip(v, encoded, strict=True)):
         if fmt == "base64":
@@ -144,14 +139,17 @@ async def openai_embeddings(ctx: Context, model: ServedModel, data: dict) -> Res
 
 async def similarity(ctx: Context, model: ServedModel, data: dict) -> Result:
     """TEI's /similarity: {inputs: {source_sentence, sentences}} -> cosine of each sentence to
-    the source sentence."""
+    the source sentence. ``inputs.sentences`` holds up to --max-client-batch-size texts."""
     inputs = data.get("inputs")
     if not isinstance(inputs, dict):
         raise RequestError(422, "inputs", "inputs must be {source_sentence, sentences}")
     source = F.text(inputs.get("source_sentence"), "inputs.source_sentence")
-    sentences, _ = F.texts(inputs, "sentences", ctx.max_client_batch_size - 1)
-    body = {**data, "inputs": [source, *sentences]}
-    sims, encoded = await _vectors(ctx, model, body, "inputs", lambda v: v[1:] @ v[0])
+    label = "inputs.sentences"
+    sentences, single = F.texts(inputs, "sentences", ctx.max_client_batch_size, label=label)
+    fields = ["inputs.source_sentence", *F.names(label, len(sentences), single)]
+    sims, encoded = await _vectors(
+        ctx, model, data, [source, *sentences], fields, lambda v: v[1:] @ v[0]
+    )
     return sims.tolist(), _long_headers(encoded)
 
 
@@ -161,19 +159,27 @@ async def rerank(ctx: Context, model: ServedModel, data: dict) -> Result:
     text) pair: sigmoid of its logit, or the logit with raw_scores. An embedding model scores
     the cosine of the two vectors."""
     query = F.text(data.get("query"), "query")
-    items, _ = F.texts(data, "texts", ctx.max_client_batch_size)
+    items, single = F.texts(data, "texts", ctx.max_client_batch_size)
+    names = F.names("texts", len(items), single)
     raw = F.value(data, "raw_scores", bool, False)
     with_text = F.value(data, "return_text", bool, False)
     if model.head == "sequence-classification":
         long, _ = F.long_policy(data, windows_ok=False)
         encoded = await ctx.thread(
-            model.encode, [query] * len(items), "logits", pairs=items, long=long, field="texts"
+            model.encode,
+            [query] * len(items),
+            "logits",
+            pairs=items,
+            long=long,
+            fields=names,
+            pair_fields=names,
         )
         logits = torch.stack(await ctx.compute(model, _rows(encoded)))[:, 0]
         scores = (logits if raw else logits.sigmoid()).tolist()
     else:
-        body = {**data, "inputs": [query, *items]}
-        sims, encoded = await _vectors(ctx, model, body, "inputs", lambda v: v[1:] @ v[0])
+        sims, encoded = await _vectors(
+            ctx, model, data, [query, *items], ["query", *names], lambda v: v[1:] @ v[0]
+        )
         scores = sims.tolist()
     ranked = sorted(range(len(items)), key=lambda i: -scores[i])
     result = [
@@ -184,39 +190,51 @@ async def rerank(ctx: Context, model: ServedModel, data: dict) -> Result:
 
 
 # ============================================================================ heads
-def _predict_inputs(data: dict, most: int) -> tuple[list[str], list[str] | None, bool]:
-    """TEI's forms: "text", ["text", "pair"], or a list of ["text"] / ["text", "pair"]."""
+def _predict_inputs(
+    data: dict, most: int
+) -> tuple[list[str], list[str] | None, bool, list[str], list[str] | None]:
+    """TEI's forms: "text", ["text", "pair"], or a list of ["text"] / ["text", "pair"] -> the
+    texts, the pairs, whether one input was sent, and the fields that name them."""
     v = data.get("inputs")
     if isinstance(v, str):
-        return [F.text(v, "inputs")], None, True
+        return [F.text(v, "inputs")], None, True, ["inputs"], None
     if isinstance(v, list) and len(v) == 2 and all(isinstance(x, str) for x in v):
-        return [F.text(v[0], "inputs[0]")], [F.text(v[1], "inputs[1]")], True
+        pair = [F.text(v[1], "inputs[1]")]
+        return [F.text(v[0], "inputs[0]")], pair, True, ["inputs"], ["inputs[1]"]
     if not isinstance(v, list) or not v or not all(isinstance(x, list) for x in v):
         raise RequestError(
             422,
             "inputs",
             'inputs must be "text", ["text", "pair"], or a list of ["text"] or ["text", "pair"]',
         )
-    if len(v) > most:
-        raise RequestError(
-            413, "inputs", f"inputs holds {len(v)} texts; this server takes at most {most}"
-        )
+    F.too_many("inputs", len(v), most)
     sizes = {len(x) for x in v}
     if not sizes <= {1, 2} or len(sizes) > 1:
         raise RequestError(422, "inputs", "every item must hold one text, or every item two")
     texts = [F.text(x[0], f"inputs[{i}][0]") for i, x in enumerate(v)]
     pairs = [F.text(x[1], f"inputs[{i}][1]") for i, x in enumerate(v)] if sizes == {2} else None
-    return texts, pairs, False
+    fields = [f"inputs[{i}]" for i in range(len(v))]
+    pair_fields = None if pairs is None else [f"inputs[{i}][1]" for i in range(len(v))]
+    return texts, pairs, False, fields, pair_fields
 
 
 async def predict(ctx: Context, model: ServedModel, data: dict) -> Result:
     """TEI's /predict: {inputs, raw_scores, truncate, windows} -> every label with its score
-    (probability, or logit with raw_scores), best first; a list of those for a batch."""
-    items, pairs, single = _predict_inputs(data, ctx.max_client_batch_size)
+    (probability, or logit with raw_scores), best first; a list of those for a batch. Windows
+    of one text: the mean of their probabilities (of their logits for raw_scores and
+    regression)."""
+    items, pairs, single, fields, pair_fields = _predict_inputs(data, ctx.max_client_batch_size)
     raw = F.value(data, "raw_scores", bool, False)
     long, direction = F.long_policy(data)
     encoded = await ctx.thread(
-        model.encode, items, "logits", pairs=pairs, long=long, direction=direction
+        model.encode,
+        items,
+        "logits",
+        pairs=pairs,
+        long=long,
+        direction=direction,
+        fields=fields,
+        pair_fields=pair_fields,
     )
     clf, results = model.classify, []
     for outs in _per_text(encoded, await ctx.compute(model, _rows(encoded))):
@@ -230,22 +248,6 @@ async def predict(ctx: Context, model: ServedModel, data: dict) -> Result:
     return (results[0] if single else results), _long_headers(encoded)
 
 
-def _merge_windows(e: Encoded, outs: list[torch.Tensor], step: int) -> torch.Tensor:
-    """Overlapping windows' (n_w, C) probabilities -> the whole text's (n, C): each piece from
-    the window where it sits farthest from an edge; window w starts ``w * step`` pieces in."""
-    n = e.tokens
-    merged = torch.empty(n, outs[0].shape[-1])
-    room = torch.full((n,), -1)
-    merged[0], merged[n - 1] = outs[0][0], outs[-1][-1]  # [CLS] and [SEP]
-    for w, (row, probs) in enumerate(zip(e.rows, outs, strict=True)):
-        body = len(row) - 2
-        for j in range(body):
-            p, r = 1 + w * step + j, min(j, body - 1 - j)
-            if r > room[p]:
-                room[p], merged[p] = r, probs[1 + j]
-    return merged
-
-
 async def ner(ctx: Context, model: ServedModel, data: dict) -> Result:
     """/ner: {inputs, aggregation: "entities" | "words", truncate, windows} -> per text its
     entities {entity, text, start, end, score} (word pieces merged into words, words into
@@ -254,26 +256,23 @@ async def ner(ctx: Context, model: ServedModel, data: dict) -> Result:
     aggregation = F.value(data, "aggregation", str, "entities", choices=("entities", "words"))
     long, direction = F.long_policy(data)
     encoded = await ctx.thread(
-        model.encode, items, "tokens", long=long, direction=direction, offsets=True
+        model.encode,
+        items,
+        "tokens",
+        long=long,
+        direction=direction,
+        offsets=True,
+        fields=F.names("inputs", len(items), single),
     )
     results = []
     outputs = _per_text(encoded, await ctx.compute(model, _rows(encoded)))
     for text, e, outs in zip(items, encoded, outputs, strict=True):
-        probs = outs[0] if len(outs) == 1 else _merge_windows(e, outs, model.window_step)
-        word_ids, offsets = e.word_ids, e.offsets
-        if e.truncated:  # the pieces that were kept
-            n, total = len(e.rows[0]), len(word_ids)
-            if direction == "right":
-                keep = [*range(n - 1), total - 1]
-            else:
-                keep = [0, *range(total - n + 1, total)]
-            word_ids = [word_ids[i] for i in keep]
-            offsets = [offsets[i] for i in keep]
+        probs = front.merge_tokens(e, outs)  # the pieces e describes: those kept, or all
         if aggregation == "words":
-            words = model.tag.words(word_ids, offsets, probs)
+            words = model.tag.words(e.word_ids, e.offsets, probs)
             results.append([{"word": text[w["start"] : w["end"]], **w} for w in words])
         else:
-            results.append(model.tag.entities(text, word_ids, offsets, probs))
+            results.append(model.tag.entities(text, e.word_ids, e.offsets, probs))
     return (results[0] if single else results), _long_headers(encoded)
 
 
@@ -323,11 +322,11 @@ async def fill_mask(ctx: Context, model: ServedModel, data: dict) -> Result:
         except ValueError as e:
             raise RequestError(422, "targets", str(e)) from e
         top_k = min(top_k, len(targets))
-    encoded = await ctx.thread(model.encode, items, "masks")
+    fields = F.names("inputs", len(items), single)
+    encoded = await ctx.thread(model.encode, items, "masks", fields=fields)
     mask = model.tokenizer.mask_token_id
-    for i, e in enumerate(encoded):
+    for where, e in zip(fields, encoded, strict=True):
         if mask not in e.rows[0].input_ids:
-            where = f"inputs[{i}]" if not single else "inputs"
             raise RequestError(422, where, f"{where} has no {model.tokenizer.mask_token} token")
 
     def finish(outputs: list[torch.Tensor]) -> list[list[list[tuple]]]:  # softmax over V
