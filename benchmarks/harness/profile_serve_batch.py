@@ -42,6 +42,7 @@ from bertlab.files import bundled_model_dir
 from bertlab.heap import keep_freed_memory
 from bertlab.nn import attention
 from bertlab.nn import products as seam
+from bertlab.nn.activations import activation_of
 from bertlab.serve.engine import ServedModel
 
 spent: dict[str, float] = collections.defaultdict(float)  # part -> seconds, summed
@@ -60,14 +61,17 @@ def timed(name: Callable[..., str], fn: Callable[..., Any]) -> Callable[..., Any
     return call
 
 
-def product_name(x: torch.Tensor, weight: Any, bias: Any, act=None, add=None) -> str:
-    """seam._onednn(x, weight, bias, act, add) and seam.int8_product(x, weight, bias)."""
-    if isinstance(weight, torch.Tensor):  # (out, in)
-        width = weight.shape[0]
-    else:  # an int8 weight: (in, out) int8 and its scales
-        width = weight.int8.shape[1]
-    extra = f" + {act[0]}" if act else (" + residual" if add is not None else "")
-    return f"product {x.shape[-1]} -> {width}{extra}"
+def product_name(layer: Any, x: torch.Tensor, act=None, dropout=None, residual=None) -> str:
+    """The part a call of seam.linear(layer, x, act, dropout, residual) is timed under: its
+    product, with the activation or the residual sum applied inside it or right after."""
+    extra = f" + {activation_of(act).name}" if act is not None else ""
+    extra += " + residual" if residual is not None else ""
+    return f"product {layer.in_features} -> {layer.out_features}{extra}"
+
+
+def projections_name(layers: Any, x: torch.Tensor) -> str:
+    """The part a call of seam.projections(layers, x) is timed under: one product."""
+    return f"product {layers[0].in_features} -> {sum(lin.out_features for lin in layers)}"
 
 
 def median_seconds(
@@ -144,8 +148,8 @@ def main() -> None:
             model.forward(rows)
         plain = (time.perf_counter() - start) / args.repeat
         # the same batches again, each part timed
-        seam._onednn = timed(product_name, seam._onednn)
-        seam.int8_product = timed(product_name, seam.int8_product)
+        seam.linear = timed(product_name, seam.linear)
+        seam.projections = timed(projections_name, seam.projections)
         kernel = attention.BACKENDS["packed"]
         attention.BACKENDS["packed"] = timed(lambda *a, **k: "attention (packed)", kernel)
         F.layer_norm = timed(lambda *a, **k: "LayerNorm", F.layer_norm)
