@@ -43,7 +43,7 @@ ACTIVATIONS: dict[str, Activation] = {
 
 
 def _identity(module: nn.Module) -> tuple[type, str | None]:
-    return type(module), getattr(module, "approximate", None)
+    return type(module), module.__dict__.get("approximate")  # (GELU's form; None for others)
 
 
 _BY_MODULE = {_identity(a.module()): a for a in ACTIVATIONS.values()}

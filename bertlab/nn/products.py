@@ -64,15 +64,21 @@ PLAIN = "plain_product"  # a layer attribute: True sends it by the module route 
 _GLOBAL_HOOKS = nn.modules.module  # where nn.Module keeps the hooks registered for every module
 
 
+# the dtypes in which oneDNN computes CPU products here: float32, and bfloat16 where the CPU has
+# bfloat16 instructions
+_ONEDNN_DTYPES = frozenset(
+    ((torch.float32,) if _AVAILABLE else ()) + ((torch.bfloat16,) if _BF16 else ())
+)
+
+
 def onednn_dtype(dtype: torch.dtype) -> bool:
     """True when oneDNN computes CPU products in ``dtype`` here (float32 always, bfloat16 where
     the CPU has bfloat16 instructions)."""
-    return _AVAILABLE and (dtype == torch.float32 or (dtype == torch.bfloat16 and _BF16))
+    return dtype in _ONEDNN_DTYPES
 
 
 def _recording(x: torch.Tensor, layer: nn.Module) -> bool:
-    if not torch.is_grad_enabled():
-        return False
+    """Whether autograd records ``layer(x)`` (call under grad mode only)."""
     weight = getattr(layer, "weight", None)
     return x.requires_grad or (weight is not None and weight.requires_grad)
 
@@ -90,28 +96,27 @@ def _watched(module: nn.Module) -> bool:
 
 def route(layer: nn.Module, x: torch.Tensor, dropout: nn.Module | None = None) -> str:
     """How ``layer(x)`` is computed: "onednn", "int8" or "module" (the module docstring)."""
-    recording = _recording(x, layer)
-    if recording:  # an optimizer may then write the weight without moving its version counter
-        _PACKED.pop(layer, None)
+    if torch.is_grad_enabled() and _recording(x, layer):
+        _PACKED.pop(layer, None)  # an optimizer may write the weight without a version change
+        return "module"
     if (
-        recording
-        or x.device.type != "cpu"
-        or (dropout is not None and dropout.training and dropout.p > 0)
+        not x.is_cpu
         or _watched(layer)
+        or (dropout is not None and dropout.training and dropout.p > 0)
     ):
         return "module"
     kind = type(layer)
     if kind is Int8Linear:
         return "int8"
     if (
-        kind is not nn.Linear
-        or PLAIN in layer.__dict__
-        or not onednn_dtype(x.dtype)
-        or layer.weight.dtype != x.dtype
-        or tracing()
+        kind is nn.Linear
+        and x.dtype in _ONEDNN_DTYPES
+        and layer._parameters["weight"].dtype == x.dtype
+        and PLAIN not in layer.__dict__
+        and not tracing()
     ):
-        return "module"
-    return "onednn"
+        return "onednn"
+    return "module"
 
 
 def plain(model: nn.Module, enabled: bool) -> None:
@@ -196,11 +201,26 @@ def _onednn(
 
 
 # ============================================================================ packed weights
-# first layer of a group -> {the group's layer ids: (stamp, the source tensors, weight, bias)}.
-# Weakly keyed: a layer that is dropped takes its packed copy with it, and nothing here is a
-# parameter, a buffer or part of a state dict, a copy or a pickle. An entry holds its source
-# tensors, so their memory cannot be reused by another tensor that would then match the stamp.
-_PACKED: weakref.WeakKeyDictionary[nn.Module, dict] = weakref.WeakKeyDictionary()
+# first layer of a group -> (the group's layer ids, stamp, the source tensors, weight, bias). Weakly
+# keyed: a layer that is dropped takes its packed copy with it, and nothing here is a parameter,
+# a buffer or part of a state dict, a copy or a pickle. An entry holds its source tensors, so
+# their memory cannot be reused by another tensor that would then match the stamp.
+_PACKED: weakref.WeakKeyDictionary[nn.Module, tuple] = weakref.WeakKeyDictionary()
+
+
+def _stamp(layers: tuple[nn.Linear, ...]) -> tuple[int, ...]:
+    """Where each weight and bias is and how often it was written in place (RuntimeError for an
+    inference tensor, which keeps no version counter)."""
+    stamp: tuple[int, ...] = ()
+    for layer in layers:
+        p = layer._parameters  # (read directly: nn.Module's attribute lookup costs more here)
+        w, b = p["weight"], p["bias"]
+        stamp += (
+            (w.data_ptr(), w._version)
+            if b is None
+            else (w.data_ptr(), w._version, b.data_ptr(), b._version)
+        )
+    return stamp
 
 
 def packed(layers: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -211,20 +231,17 @@ def packed(layers: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, torch.Tensor | 
     it, and ``route`` drops the packed copy of a layer whose gradient is recorded. Inference
     tensors keep no version: theirs are made on every call, unpacked (the same kernel's
     numbers, a little slower)."""
-    tensors = [t for layer in layers for t in (layer.weight, layer.bias) if t is not None]
     try:
-        stamp = tuple((t.data_ptr(), t._version) for t in tensors)
+        stamp = _stamp(layers)
     except RuntimeError:  # an inference tensor has no version counter
         return _stack(layers, pack=False)
-    entries = _PACKED.get(layers[0])
-    if entries is None:
-        entries = _PACKED[layers[0]] = {}
-    key = tuple(map(id, layers))
-    cached = entries.get(key)
-    if cached is not None and cached[0] == stamp:
-        return cached[2], cached[3]
+    ids = tuple(map(id, layers))  # (not the layers: a value must not hold its weak key)
+    cached = _PACKED.get(layers[0])
+    if cached is not None and cached[1] == stamp and cached[0] == ids:
+        return cached[3], cached[4]
     weight, bias = _stack(layers, pack=True)
-    entries[key] = (stamp, [t.detach() for t in tensors], weight, bias)
+    sources = [t.detach() for layer in layers for t in (layer.weight, layer.bias) if t is not None]
+    _PACKED[layers[0]] = (ids, stamp, sources, weight, bias)
     return weight, bias
 
 
