@@ -8,24 +8,16 @@ in every layer, so their pages come and go on every batch, and the kernel faults
 each one again. ``keep_freed_memory()`` sets the mmap threshold to glibc's largest (32 MiB) and
 the trim threshold to 1 GiB: freed blocks stay in the heap and the next batch reuses them.
 
-On the bundled model, 2-core Sapphire Rapids Xeon, 2 threads, batches of 256 SST-2 sentences
-(about 3,500 tokens) run in the main thread took 71 instead of 84-89 ms in bfloat16 and 265
-instead of 280 ms in float32; the embed pipeline on 3,072 of them in float32, 2-4% less time.
-Run in a thread of their own, whose heap glibc trims less eagerly, the bfloat16 batches took
-69 instead of 73 ms. Batches of 32 news sentences: within noise.
+Batches of a few hundred sentences (thousands of tokens) then run faster, most of all in
+bfloat16, where the products are fast and the page faults a large share of what is left;
+batches of a few dozen sentences do not change beyond noise.
 
-``bertlab serve`` calls it at start (``serve.run``). Under its serving benchmark's batch-256
-requests in bfloat16 (``bertlab bench serve --systems bertlab --workloads batch256 --dtype
-bfloat16 --seconds 20``), a system-wide profile of 12 s put 11.5% of both cores' time in page
-faults with glibc's defaults, nearly all of it in the products writing their outputs onto fresh
-pages, and 0.7% with freed blocks kept. Three runs of each, alternating, in tokens/s (p99 ms):
-defaults 32,015 (575), 31,383 (576), 34,354 (513); freed blocks kept 32,896 (529), 36,703 (498),
-34,712 (523); kept and the garbage collector's view frozen after loading (``gc.freeze``, which
-the server also does) 34,687 (472), 35,389 (457), 35,324 (442). In float32, two runs each:
-11,140 (1,630) and 11,236 (1,418) against 11,589 (1,283) and 11,913 (1,342) with both. Batch-1
-requests in bfloat16: 9,431 (85) and 10,134 (69) against 10,188 (63) and 9,925 (63). An
-earlier measurement, before the server's other changes, had found the batch-256 difference
-within the run-to-run spread.
+``bertlab serve`` calls it at start (``serve.run``), and freezes the garbage collector's view
+of what it loaded (``gc.freeze``). Under its serving benchmark's batch-256 requests in bfloat16,
+page faults took a tenth of the cores' time with glibc's defaults, nearly all of it in the
+products writing their outputs onto fresh pages, and almost none with freed blocks kept; the
+server's throughput and p99 latency improved, batch-1 requests stayed within noise. (The
+timings: docs/performance.md, "The choices in the code".)
 
 The price is memory held between batches: the process keeps what its largest batch needed
 instead of returning it. ``release_freed_memory()`` (glibc's ``malloc_trim``) hands free pages

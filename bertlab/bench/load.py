@@ -11,8 +11,8 @@ sampled twice a second. Percentiles are nearest-rank: p99 is a latency some requ
 
 The clients (``Connection``) send bytes prepared once per phase and parse no more of an answer
 than its status line and length: on a machine whose cores the servers share, what the load
-generator spends is taken from the server it measures (a general HTTP client took 1.2-1.8 ms of
-CPU a request here).
+generator spends is taken from the server it measures (a general HTTP client spends a large
+fraction of the CPU time a small model needs to answer the request).
 """
 
 from __future__ import annotations

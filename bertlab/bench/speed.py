@@ -164,7 +164,7 @@ def matmul_run(dtype: torch.dtype, device: str, n: int | None = None):
     so the rate meets the same noisy neighbours as the figures it is compared with. Each run
     does one product first, untimed, to wake the threads and the matrix units and to bring
     its operands back into cache, then times a second: the rate is the machine's, not that of
-    a product arriving cold (about a fifth slower in bfloat16 here)."""
+    a product arriving cold (noticeably slower, most of all in bfloat16)."""
     n = n or (8192 if device == "cuda" else 2048)
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
@@ -469,7 +469,7 @@ def bench_int8(model_dir: str | os.PathLike, texts: list[str], repeats: int = 5)
 
 
 def markdown_table(report: dict[str, Any]) -> str:
-    """The model results of a report as a Markdown table (for the README and benchmarks/)."""
+    """The model results of a report as a Markdown table (for the performance page)."""
     lines = [
         "| model | workload | dtype | bertlab tokens/s | transformers tokens/s | ratio "
         "| peak MB (bertlab / transformers) "

@@ -598,7 +598,7 @@ def add_serve_options(p: argparse.ArgumentParser, systems: str = "bertlab") -> N
 
 
 def default_subcommand(argv: list[str]) -> list[str]:
-    """``bench [WORKLOAD ...] [options]`` -> ``bench speed ...``: the README's commands from
+    """``bench [WORKLOAD ...] [options]`` -> ``bench speed ...``: commands written
     before the subcommands keep working. ``bench -h`` still lists the subcommands."""
     if argv[:1] == ["bench"] and (len(argv) == 1 or argv[1] not in (*SUBCOMMANDS, "-h", "--help")):
         return ["bench", DEFAULT, *argv[1:]]

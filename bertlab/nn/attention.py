@@ -37,9 +37,8 @@ from bertlab.nn.packing import WINDOW_ALIGN, Packing, WindowGroup
 @functools.cache
 def varlen_kernel() -> Callable[..., torch.Tensor] | None:
     """PyTorch's variable-length flash attention (CUDA, half precision), None where this PyTorch
-    has none. Imported on first use: its module imports torch._dynamo, which doubled the time
-    of every ``import bertlab`` (3.2 s instead of 1.6 s on a 2-core AMD EPYC), and only CUDA
-    runs call it."""
+    has none. Imported on first use: its module imports torch._dynamo, which about doubled the
+    time of every ``import bertlab``, and only CUDA runs call it."""
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:  # pragma: no cover - older PyTorch
@@ -96,10 +95,9 @@ def aligned_attention(
     need_weights: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``sdpa_attention`` over keys and values padded to a multiple of WINDOW_ALIGN, the added
-    keys masked out: the same numbers, faster on the CPU. PyTorch's CPU attention kernel runs a
-    key length just short of a multiple of its block at up to 4x the time of the multiple (32
-    sentences x 12 heads, 15 keys: 910 us in bfloat16, 744 us in float32; 16 keys: 300 and
-    184 us; 2-core Sapphire Rapids Xeon, 2 threads). The compiled graph runs this kernel
+    keys masked out: the same numbers, faster on the CPU. PyTorch's CPU attention kernel works
+    in blocks, and runs a key length just short of a multiple of its block (15 keys) at up to
+    several times the time of the multiple (16 keys). The compiled graph runs this kernel
     (packing.enter), where the padding is one fused copy of the keys and values; in eager mode
     the copies cost more than they save at some sizes, and exported graphs keep the plain
     equation that other runtimes recognise."""
@@ -138,18 +136,16 @@ def packed_attention(
 
     A batch without padding runs as one batched SDPA call. On CUDA in half precision without
     dropout, PyTorch's variable-length flash kernel does all sequences in one call. Otherwise
-    each sequence is one small SDPA call on a view of the packed tensor (on a 2-core CPU, 1.6x
-    faster than the written-out equation in bfloat16 and as fast in float32, and closer to
-    float32 in bfloat16 because its softmax never rounds the scores), over a window rounded to
-    16 rows whose borrowed keys are masked out (``Packing.windows``: 27% less attention time
-    in bfloat16, 7% in float32, on the variable-length workload). Windows of one width are
-    gathered and run as one batched call (``Packing.window_groups``; the same numbers, bit for
-    bit): on the runtimes benchmark's 1,024 news sentences in batches of 32, 2 threads, the
-    bundled model ran 14-15% faster in bfloat16 and 5-9% in float32 than with one call per
-    sequence (Intel Xeon with AMX; on sorted bfloat16 batches the attention calls took 117 ms
-    per pass instead of 224). When gradients are recorded, the written-out equation runs
-    instead, on each sequence's own rows: its backward is about 7% of a fine-tuning step
-    cheaper."""
+    each sequence is one small SDPA call on a view of the packed tensor (faster than the
+    written-out equation in bfloat16 and as fast in float32, and closer to float32 in bfloat16
+    because its softmax never rounds the scores), over a window rounded to 16 rows whose
+    borrowed keys are masked out (``Packing.windows``: the kernel works in blocks, and a length
+    just short of one costs nearly the next one's time). Windows of one width are gathered and
+    run as one batched call (``Packing.window_groups``; the same numbers, bit for bit): fewer,
+    larger calls, which matters most in bfloat16, where the products are fast and attention is
+    a larger share of the time. When gradients are recorded, the written-out equation runs
+    instead, on each sequence's own rows: its backward makes a fine-tuning step a little
+    cheaper. (The measurements behind these choices: docs/performance.md.)"""
     if need_weights:
         raise ValueError("the packed kernel does not return attention probabilities")
     N, A, D = q.shape

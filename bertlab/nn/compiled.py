@@ -1,9 +1,9 @@
 """Compiled inference for short inputs: the whole forward pass as one program of C++ kernels, run
 without Python between operations.
 
-At one short sentence the eager model spends a third of its time in Python (the module calls,
-the tensor bookkeeping of each operation): on the bundled 6-layer model, 2 threads, about 1.2 ms
-of 4.0 ms at 21 tokens in float32. ``Compiled(model)`` removes it. On its first call it exports
+At one short sentence the eager model spends a large share of its time in Python (the module
+calls, the tensor bookkeeping of each operation) rather than in its kernels: about a third on a
+small model. ``Compiled(model)`` removes it. On its first call it exports
 the model (``torch.export``, batch and sequence length dynamic) and compiles the exported graph
 ahead of time into a shared library (AOTInductor), which it then calls directly:
 
@@ -17,12 +17,11 @@ ahead of time into a shared library (AOTInductor), which it then calls directly:
     fast = Compiled(model)        # nothing is compiled yet
     out = fast(input_ids)         # the first call compiles (seconds); later ones reuse it
 
-An earlier version ran the graph through ``torch.compile``. Its guards (about 750 checks of the
-model's modules and settings, made on every call) and its wrapper cost 0.2 ms a call in float32
-and 0.4-0.5 ms in bfloat16 and int8; called directly, the same kernels answer one 14-token
-sentence in 978 instead of 1,510 us in int8 and 969 instead of 1,345 us in bfloat16 (2-core
-Sapphire Rapids Xeon, 2 threads). What those guards watched, ``Compiled`` checks itself, or
-refuses (below).
+An earlier version ran the graph through ``torch.compile``. Its guards (hundreds of checks of the
+model's modules and settings, made on every call) and its wrapper cost a fixed time per call, a
+large part of a short sentence's time; the program called directly does not pay it (the
+measurements are in docs/performance.md). What those guards watched, ``Compiled`` checks
+itself, or refuses (below).
 
 A compiled program computes the padded layout: it has no packed (unpadded) kernel, so it spends
 work on padding that the model's packed forward skips. ``Compiled`` runs it where it is faster
@@ -37,13 +36,12 @@ all the same, and the model's own forward everywhere else:
 PADDING_LIMIT depends on the precision of the products. In int8 the compiled graph fuses each
 product's activation quantisation (six small passes over memory in eager mode) into the kernels
 around it; in every precision it runs attention on keys padded to a multiple of 16 (the
-"aligned" kernel, attention.py), which PyTorch's CPU kernel runs up to 4x faster. Measured on 32
-batches of 32 news sentences (every other batch of ``bertlab bench runtimes``' sorted and
-file-order workloads), 2-core Sapphire Rapids Xeon, 2 threads, the graph's speed against the
-packed model's: with up to 10% of the positions padding, 1.6-2.1x in int8, 1.2-1.6x in
-bfloat16, 1.0-1.2x in float32; with 37-38%, 1.3-1.4x, 1.1-1.2x and 0.75-0.8x; with 43-47%,
-1.1x, 0.8-0.9x and 0.6x; past 50% slower in all three. The limits sit below the break-even
-points those figures give (about 48%, 40% and 22%).
+"aligned" kernel, attention.py), which PyTorch's CPU kernel, working in blocks, runs faster
+than a key length just short of a block. So the graph gains most over the packed model in int8
+and least in float32, and its gain shrinks as the share of padding grows, until the packed
+model, which skips the padding, is the faster. Each limit sits below the break-even share
+measured for its precision on batches of ``bertlab bench runtimes``' news sentences
+(docs/performance.md, "The choices in the code").
 
 The program is the model as it was when it was built. The input checks (checks.py) run before
 it too, so a bad token id gets the same error. If a weight changes afterwards (a cast, a move, an
@@ -82,10 +80,9 @@ from bertlab.nn.precision import Int8Linear
 OPTIONS = {"freezing": True, "cpp.enable_concat_linear": True}
 # bfloat16 products also try inductor's own C++ matrix kernels (AMX tiles where the CPU has them,
 # AVX512-BF16 where not) beside oneDNN's, timed on the spot as each program compiles, each product
-# taking the faster. On the bundled model, 2-core Sapphire Rapids, 2 threads, one untuned run
-# and four tuned ones (the choices are timed, so they vary): 1 x 26 tokens 2.33 -> 1.78-1.93 ms,
-# 32 x 18 tokens 41,300 -> 41,400-47,700 tokens/s; compiling 14 -> 33-43 s. In float32 the
-# same gained about 4% for twice the compile time, so float32 keeps oneDNN's.
+# taking the faster: faster programs for short inputs, for two to three times the compile time
+# (the choices are timed, so they vary from one compile to the next). In float32 the same tuning
+# gained little for twice the compile time, so float32 keeps oneDNN's.
 TUNED = {
     "max_autotune": True,
     "max_autotune_gemm_backends": "CPP,ATEN",
@@ -94,11 +91,10 @@ TUNED = {
 }
 PRECISION_OPTIONS = {"bfloat16": TUNED}  # added to OPTIONS
 # The batch the model is exported on (rows, length): its sizes are the hints by which inductor
-# picks and tunes kernels for the dynamic batch and length (a size of 1 would be fixed). The
-# tuned bfloat16 products, timed at 8 x 32 rather than 2 x 8 (on the runtimes benchmark's texts,
-# in one process, same machine): sorted batches of 32 at 43,200 instead of 38,800 tokens/s, one
-# sentence at a time 16,300 instead of 16,700. In float32 the larger hint was slower in both
-# (13,000 against 13,700 and 6,800 against 7,300 tokens/s).
+# picks and tunes kernels for the dynamic batch and length (a size of 1 would be fixed). bfloat16
+# products tuned at 8 x 32 run batches faster than those tuned at 2 x 8 (which picks kernels for
+# 16 rows) and single sentences about as fast; in float32 the larger hint was slower at both
+# sizes, so float32 keeps the small one (figures: docs/performance.md).
 EXAMPLE = {"bfloat16": (8, 32)}
 SMALL_EXAMPLE = (2, 8)
 INPUTS = frozenset(("input_ids", "attention_mask", "token_type_ids", "position_ids"))
@@ -241,7 +237,7 @@ class Compiled:
 
     def _compilable(self, arguments: dict[str, Any]) -> bool:
         """True when the compiled program gives the model's results (within the dtype's
-        tolerance) faster than the model (the table in the module's text). A model moved off the
+        tolerance) faster than the model (the rule in the module's text). A model moved off the
         CPU after the program was built is caught by _check_unchanged."""
         if torch.is_grad_enabled() or self.model.training:
             return False

@@ -71,9 +71,9 @@ def tracing() -> bool:
 def round_rows(n: int) -> int:
     """n rounded up to a multiple of 2**(bit length of n - 5), and of 8: at most n/16 more, or 7.
 
-    oneDNN builds (and caches) a kernel for each matrix shape it sees, about 10 ms each on the
-    project's CPU; packed batches have a new token count almost every time. Rounded, the
-    counts fall on 16 shapes per doubling, so a long run soon meets only shapes it has built.
+    oneDNN builds (and caches) a kernel for each matrix shape it sees, which costs far more than
+    running one; packed batches have a new token count almost every time. Rounded, the counts
+    fall on 16 shapes per doubling, so a long run soon meets only shapes it has built.
     """
     step = max(8, 1 << max(n.bit_length() - 5, 0))
     return -(-n // step) * step
@@ -112,11 +112,10 @@ def window_order(lengths: list[int] | tuple[int, ...]) -> list[int]:
     decreasing length into bins of SHARED_ROWS tokens, the sequences longer than that first.
     Each sequence's numbers are the same in any order; what changes is how many attention calls
     and query blocks the batch needs. For 256 SST-2 sentences (13.7 tokens on average) the
-    batch order makes 138 windows and this one 108, and on a 2-core Sapphire Rapids Xeon the
-    batch ran through ``ServedModel.forward`` in 62.9 ms instead of 66.0 in bfloat16 and 237.3
-    instead of 239.8 in float32 (medians of five alternating rounds of 20). It suits a caller
-    that puts the results back in place, as the server's batches do; a padded batch in this
-    order pads as much as in any other."""
+    batch order makes 138 windows and this one 108: fewer attention calls, which saves a few
+    percent of such a batch's time in bfloat16 and less in float32, where the products weigh
+    more. It suits a caller that puts the results back in place, as the server's batches do; a
+    padded batch in this order pads as much as in any other."""
     order = sorted(range(len(lengths)), key=lengths.__getitem__, reverse=True)
     long = [i for i in order if lengths[i] > SHARED_ROWS]
     room: list[list[list[int]]] = [[] for _ in range(SHARED_ROWS + 1)]  # bins by rows free
@@ -272,22 +271,21 @@ class Packing:
         holding one sequence, or several short neighbours, and is masked so that every token
         sees its own sequence only.
 
-        PyTorch's CPU attention kernel runs up to twice as long on a sequence whose length is
-        just short of a multiple of its block size (127 tokens: 238 us, 128: 126 us, on the
-        project's CPU). So a window of n tokens is rounded up to ``align`` rows: its own tokens
+        PyTorch's CPU attention kernel works in blocks, and runs up to twice as long on a
+        sequence whose length is just short of a multiple of its block size (127 tokens) as on
+        the multiple (128). So a window of n tokens is rounded up to ``align`` rows: its own tokens
         and the next sequence's first ones (where the packed tensor ends first, the window moves
         back over the previous sequence's last ones), the borrowed keys shut out by an additive
         mask of -inf, the borrowed queries' results dropped (so a neighbour's rows could only
         reach a sequence if they held inf or NaN).
 
         The kernel's cost also goes by the call and the block of queries more than by the
-        tokens: 16 or 32 keys and queries cost about the same (32 sentences x 12 heads in
-        bfloat16: 431 and 453 us). So consecutive sequences of SHARED_ROWS tokens or fewer in
-        all share one window, the mask block-diagonal (each sequence's keys for its own
-        queries); on 256 SST-2 sentences in bfloat16 a layer's attention took 3.6 ms instead of
-        4.8. A window of one sequence whose length is already a multiple, or that the tensor
-        cannot surround, reads just its rows, without a mask. Computed once per batch, shared by
-        every layer."""
+        tokens: 16 or 32 keys and queries cost about the same. So consecutive sequences of
+        SHARED_ROWS tokens or fewer in all share one window, the mask block-diagonal (each
+        sequence's keys for its own queries): on batches of short sentences, fewer and fuller
+        calls take about a quarter off a layer's attention in bfloat16. A window of one
+        sequence whose length is already a multiple, or that the tensor cannot surround, reads
+        just its rows, without a mask. Computed once per batch, shared by every layer."""
         key = (rows, dtype, str(device), align)
         if key not in self._windows:
             plan = (self._window(span, rows, dtype, device) for span in self._spans(rows, align))
@@ -304,7 +302,7 @@ class Packing:
         """The ``windows``, those of one width gathered into a ``WindowGroup`` (a width only one
         window has stays a Window, read in place). Computed once per batch, every group's
         indices and masks at once (``_block_masks``): for 256 SST-2 sentences (138 windows in
-        4 groups) 0.9 ms instead of 2.5 when each window's mask was written on its own."""
+        4 groups) about a third of the time of writing each window's mask on its own."""
         key = ("groups", rows, dtype, str(device), align)
         if key not in self._windows:
             by_width: dict[int, list[_Span]] = {}
@@ -394,11 +392,10 @@ class Packing:
     def mean(self, x: torch.Tensor) -> torch.Tensor:
         """(N, H) -> (B, H) float32: each sequence's mean over its rows, summed in float32.
 
-        No padded copy is made. For 256 SST-2 sentences (3,501 tokens in a 256 x 60 batch) this
-        takes 0.33 ms, where padding them back, casting the (B, T, H) copy to float32 and
-        masking it took 2.5 ms (2-core Sapphire Rapids Xeon, 2 threads, timed alone). Through
-        the server or the embed pipeline, alternating runs showed no difference beyond their
-        noise (a few percent)."""
+        No padded copy is made: for 256 SST-2 sentences (3,501 tokens in a 256 x 60 batch) this
+        is several times faster than padding them back, casting the (B, T, H) copy to float32
+        and masking it. Through the server or the embed pipeline, alternating runs showed no
+        difference beyond their noise (a few percent)."""
         x = x[: self.total].float()
         if self.batch == 1:
             return x.sum(0, keepdim=True) / self.total

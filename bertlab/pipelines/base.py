@@ -4,8 +4,8 @@ shared by the pipelines of both name sets (predict.py: bertlab's own; tasks.py: 
 task names), and the run of their rows through front.py, the one front half (texts checked,
 encoded under the model's length, batched ``batch_size`` rows at a time in order, read by
 ``front.Reader``) without gradients. ``compile=True`` runs every single text, and the batches
-with little padding, as one compiled graph (nn/compiled.py): at one short sentence 1.2x faster
-in float32 and bfloat16, 1.7x in int8; the first call compiles (seconds).
+with little padding, as one compiled graph (nn/compiled.py): faster at short inputs, most of
+all in int8; the first call compiles (seconds).
 
 Imports front.py, text.py, the network, the tokenizer and bertlab's files and devices.
 """

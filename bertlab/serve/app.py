@@ -163,8 +163,8 @@ class RequestContext:
 
 class JSON(JSONResponse):
     """A JSON answer that may hold numpy arrays (the vectors). orjson writes them directly, each
-    float32 in its shortest exact form: 256 vectors of 384 values take 3 ms and 1.1 MB, against
-    44 ms and 1.9 MB through ``json`` (tolist(), float64 forms), which runs on the event loop.
+    float32 in its shortest exact form, more than ten times faster and in about 40% fewer bytes
+    than ``json`` (tolist(), float64 forms), which runs on the event loop.
     Without orjson, ``json`` writes them the slow way. Either way a client reads the exact
     float32 values back."""
 

@@ -106,17 +106,16 @@ DTYPES = ("float32", "bfloat16", "int8")
 # Compiled serving (``ServedModel(compile=True)``). A batch with little padding runs through the
 # compiled program in float32 and int8. A batch of mixed lengths is cut into groups of similar
 # length (at most COMPILED_ROWS rows each) in int8 only, where they hold GROUP_ROWS rows on
-# average: one request of 256 SST-2 sentences took 132 ms as 8-9 compiled groups against
-# 290-390 ms packed, while in float32 the groups were no faster (289-302 ms against 267-296 ms
-# packed), as were groups of 2-3 rows in either; in bfloat16 the packed batch was faster than
-# compiled groups (77-81 ms against 95 ms). 2-core Sapphire Rapids Xeon, 2 threads, three
-# requests each, after the compiled graph's attention was aligned (attention.aligned_attention).
+# average: there the compiled groups ran a request of 256 short sentences in about half the
+# packed batch's time (the program fuses int8's activation rounding into its kernels), while
+# in float32 the groups were no faster than the packed batch, as were groups of 2-3 rows in
+# either, and in bfloat16 the packed batch was the faster (docs/performance.md has the timings).
 COMPILED_DTYPES = ("float32", "int8")
 GROUPED_DTYPES = ("int8",)
 COMPILED_ROWS = 32
 GROUP_ROWS = 8
 # The precisions whose packed batch runs in ``window_order``: each row's numbers are the same in
-# any order there. int8's products on AMX (Sapphire Rapids) round a row by its place in the
+# any order there. int8's products on CPUs with AMX round a row by its place in the
 # batch (up to 5e-3 apart in a sentence vector), so int8 keeps the request's order and gives
 # the int8 pipeline's numbers.
 WINDOW_ORDERED = ("float32", "bfloat16")
@@ -418,9 +417,8 @@ class Batcher:
     Every tensor operation of a model happens in its runner thread, its loading included: with
     GNU OpenMP, a second thread that runs parallel regions starts a second team of workers, and
     with more workers than cores the library stops spinning between regions, which made the
-    packed attention's thousands of small regions a third slower (a batch of 256 sentences:
-    500 ms against 380 ms here). So the routes hand their tensor work to the runner too
-    (``Job.finish``)."""
+    packed attention's thousands of small regions about a third slower. So the routes hand
+    their tensor work to the runner too (``Job.finish``)."""
 
     def __init__(self, load: Callable[[], ServedModel], limits: Limits, on_batch: Any = None):
         self.limits, self.on_batch = limits, on_batch
@@ -543,7 +541,7 @@ class Batcher:
                 return
             if time.perf_counter() - trimmed > TRIM_EVERY:
                 # Batches of every size free blocks all over glibc's heaps, which keeps the
-                # pages (bertlab.heap); handing them back (under 1 ms here) keeps a
+                # pages (bertlab.heap); handing them back (cheap, at most once a second) keeps a
                 # long-running server's memory at the level of its working set instead of
                 # creeping up.
                 release_freed_memory()
