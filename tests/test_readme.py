@@ -1,5 +1,9 @@
-"""The README opens with the two set-up commands, and CI runs the second one verbatim."""
+"""The README opens with the two set-up commands, CI runs the second one verbatim, and the
+README's own examples run as written. (Its serving lines are run by tests/test_serve.py and
+tests/test_serve_int8.py, its compatibility table is checked by tests/test_transformers_compat.py,
+and the examples of the documentation site by tests/test_docs.py.)"""
 
+import shlex
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -9,6 +13,16 @@ def readme_commands():
     text = (ROOT / "README.md").read_text()
     block = text.split("```bash\n", 1)[1].split("```", 1)[0]
     return [line for line in block.splitlines() if line and not line.startswith("#")]
+
+
+def job(title: str) -> str:
+    """The README's section ``### <title>...`` of "The jobs", up to the next heading."""
+    text = (ROOT / "README.md").read_text()
+    return text.split(f"\n### {title}", 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
+
+
+def fenced(section: str, lang: str) -> list[str]:
+    return [b.split("```", 1)[0] for b in section.split(f"```{lang}\n")[1:]]
 
 
 def test_readme_opens_with_exactly_two_commands():
@@ -23,73 +37,72 @@ def test_ci_runs_the_readme_test_command():
     assert readme_commands()[1] in ci
 
 
-def test_readme_parameter_table_is_what_bertlab_prints(capsys):
+def test_the_readme_stays_a_front_door():
+    """The details live in docs/; the README keeps to its size and links to every guide."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 250
+    for page in (
+        "getting-started.md",
+        "understanding-bert.md",
+        "guides/pretraining.md",
+        "guides/fine-tuning.md",
+        "guides/inference.md",
+        "guides/serving.md",
+        "guides/export.md",
+        "guides/from-transformers.md",
+        "guides/explore.md",
+        "performance.md",
+        "architecture.md",
+        "contributing.md",
+    ):
+        assert f"(docs/{page})" in text, page
+
+
+def test_the_understand_commands_run_as_written(monkeypatch, tmp_path, capsys):
+    """The shell block of "Understand", run in an empty folder: every command succeeds, and the
+    parameter count its comment gives is the one bertlab prints."""
     from bertlab.cli.main import main
 
-    main(["summary", "base", "--head", "pretraining", "--vocab-size", "30000", "--collapse"])
-    printed = capsys.readouterr().out.strip()
-    assert printed in (ROOT / "README.md").read_text()
-
-
-def test_the_use_it_examples_run_as_written(monkeypatch):
-    """The Python blocks of "Use it", copied as a newcomer would, run from the repository root
-    and print what their comments say."""
-    import torch
-
-    text = (ROOT / "README.md").read_text()
-    section = text.split("## Use it", 1)[1].split("\n## ", 1)[0]
-    blocks = [b.split("```", 1)[0] for b in section.split("```python\n")[1:]]
-    assert len(blocks) == 3
-    monkeypatch.chdir(ROOT)
-    scope: dict = {}
-    for block in blocks:
-        exec(compile(block, "README.md", "exec"), scope)
-    assert tuple(scope["out"].keys()) == ("loss", "logits")
-    assert scope["loss"].shape == () and scope["logits"].shape == (2, 2)
-    assert scope["tok"].padding_side == "left" and scope["enc"]["attention_mask"][1, 0] == 0
-    assert len(scope["extract"]("a gorgeous film")[0]) == 5
-    assert scope["tf_model"].config.hidden_size == 32
-    assert isinstance(scope["hub_model"], torch.nn.Module)
+    (block,) = fenced(job("Understand"), "bash")
+    monkeypatch.chdir(tmp_path)
+    for line in block.strip().splitlines():
+        argv = shlex.split(line, comments=True)
+        assert argv[0] == "bertlab"
+        capsys.readouterr()
+        assert main(argv[1:]) in (0, None), line
+        printed = capsys.readouterr().out
+        if argv[1] == "summary":
+            total = line.rsplit(":", 1)[1].strip()
+            assert f"Total params: {total}" in printed
+    assert (tmp_path / "page.html").stat().st_size > 100_000
 
 
 def test_the_explore_example_runs_as_written(monkeypatch, tmp_path):
-    """The Python block of "See inside", run in an empty folder, writes the page and gives what
-    its comments say."""
-    text = (ROOT / "README.md").read_text()
-    section = text.split("## See inside", 1)[1].split("\n## ", 1)[0]
-    (block,) = [b.split("```", 1)[0] for b in section.split("```python\n")[1:]]
+    """The Python block of "Understand", run in an empty folder, writes the page and gives what
+    its comments say; the picture beside it is in the repository."""
+    section = job("Understand")
+    (block,) = fenced(section, "python")
     monkeypatch.chdir(tmp_path)
     scope: dict = {}
     exec(compile(block, "README.md", "exec"), scope)
     assert (tmp_path / "page.html").stat().st_size > 100_000
     assert scope["page"].tokens[:4] == ["[CLS]", "the", "cat", "sat"]
     assert tuple(scope["page"].attention(layer=0, head=3).shape) == (14, 14)
-    for name in ("tokens", "embeddings", "attention", "worked", "layers", "parameters"):
-        assert f"(docs/explore/{name}.png)" in section
-        assert (ROOT / "docs" / "explore" / f"{name}.png").stat().st_size > 10_000
+    pictures = [part.split(")", 1)[0] for part in section.split("](docs/explore/")[1:]]
+    assert pictures
+    for name in pictures:
+        assert (ROOT / "docs" / "explore" / name).stat().st_size > 10_000
 
 
-def test_the_compiled_example_runs_as_written(monkeypatch):
-    """The Compiled block of "Export and compile" runs as written and gives what its comments
-    say (it compiles the bundled model: needs a C++ compiler)."""
-    import pytest
-
-    from bertlab.nn.compiled import Compiled
-
-    why = Compiled.available()
-    if why is not None:
-        pytest.skip(f"torch.compile cannot build CPU kernels here: {why}")
-    text = (ROOT / "README.md").read_text()
-    section = text.split("## Export and compile", 1)[1].split("\n## ", 1)[0]
-    blocks = [b.split("```", 1)[0] for b in section.split("```python\n")[1:]]
-    (block,) = [b for b in blocks if "Compiled(" in b]
+def test_the_predict_example_runs_as_written(monkeypatch):
+    """The Python block of "Predict", copied as a newcomer would, runs from the repository root
+    and gives what its comments say."""
+    (block,) = fenced(job("Predict"), "python")
     monkeypatch.chdir(ROOT)
     scope: dict = {}
     exec(compile(block, "README.md", "exec"), scope)
-    assert tuple(scope["out"].last_hidden_state.shape) == (1, 5, 384)
-    assert scope["fast"].calls == {"compiled": 1, "eager": 0}
-    got = scope["embed"]("a gorgeous film")
-    assert tuple(got.shape) == (384,)
-    assert scope["embed"].forward.calls["compiled"] == 2
-    want = scope["pipeline"]("embed")("a gorgeous film")  # the same pipeline, not compiled
-    assert (got - want).abs().max() < 1e-5
+    assert sorted(scope["out"].keys()) == ["logits", "loss"]
+    assert scope["out"].loss.shape == () and scope["out"].logits.shape == (2, 2)
+    assert scope["tok"].padding_side == "left" and scope["enc"]["attention_mask"][1, 0] == 0
+    assert scope["model"].config.id2label == {0: "negative", 1: "positive"}
+    assert len(scope["extract"]("a gorgeous film")[0]) == 5
