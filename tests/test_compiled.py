@@ -164,11 +164,17 @@ def test_compiled_graphs_run_aligned_attention_and_exported_ones_sdpa(base, monk
     assert set(kernels) == {"sdpa"}
 
 
-def test_stale_weights_and_config_are_refused_and_one_program_serves_every_shape():
+def test_stale_weights_and_config_are_refused_and_one_program_serves_every_shape(
+    monkeypatch, tmp_path
+):
+    # a temporary folder of the test's own: other processes compiling on the machine write theirs
+    # into the shared one
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     torch.manual_seed(3)
     model = BertForSequenceClassification(CFG).eval()
     fast = Compiled(model)
     folders = set(Path(tempfile.gettempdir()).glob("bertlab-compiled-*"))
+    assert Path(tempfile.gettempdir()) == tmp_path and not folders
     with torch.no_grad():
         for shape in ((1, 1), (1, 13), (4, 2), (5, 20)):  # built on the first, for all
             x = ids(*shape, seed=sum(shape))

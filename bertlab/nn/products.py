@@ -6,23 +6,24 @@
 The forwards of model.py and heads.py call these wherever a linear layer's output meets its
 activation or its residual sum, and for the query, key and value projections, which read one
 input. ``route`` chooses how each call is computed, from the layer's type, the dtype and device
-of the input, whether a gradient is recorded, whether the model is being traced, and the CPU's
-features:
+of the input, whether a gradient is recorded or autocast is on, whether the model is being
+traced, and the CPU's features:
 
     "onednn"  a plain ``nn.Linear``, CPU, float32 (or bfloat16 where the CPU has bfloat16
-              instructions: AVX512-BF16 or AMX), no gradient recorded, dropout inactive, no hook
-              on the layer, not traced. oneDNN computes the product on the weight packed once
-              into its blocked layout (cached here per layer, made again when the weight
-              changes) and applies the bias, the activation or the residual sum to each tile
-              while it is in cache; layers that read one input run as one product on their
-              stacked weights.
+              instructions: AVX512-BF16 or AMX), no gradient recorded, no autocast, dropout
+              inactive, no hook on the layer, not traced. oneDNN computes the product on the
+              weight packed once into its blocked layout (cached here per layer, made again
+              when the weight changes) and applies the bias, the activation or the residual sum
+              to each tile while it is in cache; layers that read one input run as one product
+              on their stacked weights.
     "int8"    an ``Int8Linear`` (precision.quantize_int8) without hooks: the int8 product
               (precision.int8_product), then the activation or the sum in place; layers that
               share their smoothing run as one product (the input rounded once).
     "module"  anything else: the layer is called as a module (its hooks run, autograd records
               it, an adapter such as LoRA wrapped around it computes, a compiler or exporter
-              traces ``F.linear`` and fuses on its own), then the activation, dropout and sum
-              in PyTorch.
+              traces ``F.linear`` and fuses on its own, autocast picks its dtype), then the
+              activation, dropout and sum in PyTorch (the sum into dropout's fresh output
+              where dropout ran, as its backward needs only its mask).
 
 The routes give the same results up to rounding: in float32 the oneDNN product orders its sums
 differently from PyTorch's BLAS (about 1e-6 relative); in bfloat16 the fused form rounds once,
@@ -103,6 +104,7 @@ def route(layer: nn.Module, x: torch.Tensor, dropout: nn.Module | None = None) -
         not x.is_cpu
         or _watched(layer)
         or (dropout is not None and dropout.training and dropout.p > 0)
+        or torch.is_autocast_enabled("cpu")  # autocast chooses the products' dtype itself
     ):
         return "module"
     kind = type(layer)
@@ -161,7 +163,11 @@ def linear(
             y = act(y)
         if dropout is not None:
             y = dropout(y)
-        return y if residual is None else y + residual
+        if residual is None:
+            return y
+        if dropout is not None and dropout.training and dropout.p > 0 and not _watched(dropout):
+            return y.add_(residual)  # into dropout's fresh output: its backward needs its mask only
+        return y + residual
     # a fresh float output of our own: the rest in place
     if act is not None:
         spec = activation_of(act)
