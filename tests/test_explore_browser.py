@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import threading
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,9 @@ from bertlab.explore.payload import unarray  # noqa: E402
 
 FLAGS = [flag for flag in HEADLESS if flag != "--headless"]  # Playwright adds its own
 PWN = '<script>window.__pwned=1</script><img src=x onerror="window.__pwned=2">'
+# characters outside the Basic Multilingual Plane: one code point, two UTF-16 units each
+EMOJI = "I love \U0001f355 and \U0001f389 parties"
+EMOJI_PAIR = "Pizza \U0001f355\U0001f355 is great \U0001f600 indeed"
 
 
 # ============================================================================ fixtures
@@ -82,9 +86,12 @@ def pages(tmp_path_factory, tiny):
         "tiny": bertlab.explore(
             "The cat sat on the [MASK].", "It was warm.", model=model, tokenizer=tok
         ),
-        "bundled": bertlab.explore("Attention is all you need, they said.", model="default"),
+        "bundled": bertlab.explore(
+            "Attention is all you need, they said.", "It was 2017.", model="default"
+        ),
         "html": bertlab.explore(f"Hello {PWN} world", model=model, tokenizer=tok),
         "long": bertlab.explore(long_text, model="default", truncate=True),
+        "emoji": bertlab.explore(EMOJI, EMOJI_PAIR, model=model, tokenizer=tok),
     }
     return {name: (ex, ex.save(root / f"{name}.html")) for name, ex in made.items()}
 
@@ -391,4 +398,315 @@ def test_a_fully_summarised_payload_float16_and_top_k_draws_and_reconciles(
     assert float(shown["weight"]) == pytest.approx(stored, abs=1e-8)
     assert shown["recomputed"] == pytest.approx(stored, abs=2e-3)
     assert T > top >= 0
+    o.clean()
+
+
+# ============================================================================ reading the page
+def clip(text: str, n: int) -> str:
+    """The page's BL.clip: the first n code points, the last replaced by "…" when some are cut."""
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def disjoint(a: dict, b: dict) -> bool:
+    """Two getBoundingClientRect boxes that do not overlap (touching is allowed)."""
+    return (
+        a["right"] <= b["left"] + 0.5
+        or b["right"] <= a["left"] + 0.5
+        or a["bottom"] <= b["top"] + 0.5
+        or b["bottom"] <= a["top"] + 0.5
+    )
+
+
+RECT = (
+    "e => { const r = e.getBoundingClientRect(); "
+    "return {left: r.left, right: r.right, top: r.top, bottom: r.bottom}; }"
+)
+
+
+def test_emoji_shift_no_highlight_and_are_never_cut_in_half(pages, opened):
+    """The payload's offsets count code points (Python's str indices); an emoji is one code point
+    but two UTF-16 units. Pointing at each token lights exactly text[start:end]."""
+    ex, path = pages["emoji"]
+    payload = ex.payload
+    texts = {0: payload["text"], 1: payload["pair"]}
+    cut = [t for t in payload["tokens"] if t["start"] is not None]
+
+    def astral(text: str) -> bool:
+        return any(ord(c) > 0xFFFF for c in text)
+
+    on = [t for t in cut if astral(texts[t["segment"]][t["start"] : t["end"]])]
+    after = [t for t in cut if astral(texts[t["segment"]][: t["start"]])]
+    assert on and after, "the text must put tokens on and after emoji"
+    assert {t["segment"] for t in after} == {0, 1}
+    o = opened(path)
+    p = o.page
+    shown = p.inner_text("#view-tokens .text-shown")
+    assert EMOJI in shown and EMOJI_PAIR in shown and "\ufffd" not in shown
+    for t in cut:
+        p.hover(f'#token-chips .chip[data-i="{t["i"]}"]')
+        want = texts[t["segment"]][t["start"] : t["end"]]
+        lit = p.locator("#view-tokens .text-shown .ch.hl")
+        assert lit.count() == 1, t
+        assert lit.inner_text() == want, (t, want)
+        assert f'"{want}"' in p.inner_text("#token-detail"), t
+    # the spans and the text between them rebuild each segment exactly
+    lines = p.eval_on_selector_all(
+        "#view-tokens .text-line",
+        "ls => ls.map(l => Array.from(l.childNodes).slice(1).map(n => n.textContent).join(''))",
+    )
+    assert lines == [EMOJI, EMOJI_PAIR]
+    o.clean()
+
+
+def test_the_head_views_overview_returns_when_the_pointer_leaves_a_token(pages, opened):
+    """Every row is drawn until a token is pointed at; its row alone while it is; every row again
+    once the pointer leaves it, unless a click pinned it."""
+    ex, path = pages["tiny"]
+    T = len(ex.payload["tokens"])
+    o = opened(path)
+    p = o.page
+    view = p.locator("#head-view")
+
+    def rows() -> set[int]:
+        return set(
+            p.eval_on_selector_all(
+                "#head-view .link:not(.sel)", "ls => ls.map(l => Number(l.dataset.i))"
+            )
+        )
+
+    def away() -> None:
+        p.hover("#view-attention h2")  # not a token
+
+    pair_i = int(p.get_attribute("#worked", "data-i"))
+    every = set(range(T)) - {pair_i}  # the pair's own line is drawn apart (.sel)
+    assert view.get_attribute("data-shown") == "every row"
+    assert rows() >= every
+    for chip in (3, 5):
+        p.hover(f'#token-chips .chip[data-i="{chip}"]')
+        assert view.get_attribute("data-shown") == f"row {chip}"
+        assert rows() == {chip}
+        away()
+        assert view.get_attribute("data-shown") == "every row"
+        assert rows() >= every
+    # the same from a token of the head view itself
+    p.hover('#head-view text.tok[data-side="q"][data-i="2"]')
+    assert view.get_attribute("data-shown") == "row 2"
+    away()
+    assert view.get_attribute("data-shown") == "every row"
+    # a click pins the token: its row stays when the pointer leaves; other tokens do not take over
+    p.click('#token-chips .chip[data-i="3"]')
+    away()
+    assert view.get_attribute("data-shown") == "row 3" and rows() == {3}
+    p.hover('#token-chips .chip[data-i="5"]')
+    away()
+    assert view.get_attribute("data-shown") == "row 3" and rows() == {3}
+    # a second click lets it go
+    p.click('#token-chips .chip[data-i="3"]')
+    away()
+    assert view.get_attribute("data-shown") == "every row"
+    assert rows() >= every
+    o.clean()
+
+
+def test_special_chips_show_their_segment(pages, opened):
+    """[CLS] and the first [SEP] are segment A's, the [SEP] that ends the pair is B's."""
+    ex, path = pages["tiny"]
+    specials = [t for t in ex.payload["tokens"] if t["special"]]
+    assert [t["token"] for t in specials] == ["[CLS]", "[SEP]", "[SEP]"]
+    assert [t["segment"] for t in specials] == [0, 0, 1]
+    o = opened(path)
+    p = o.page
+    edges = []
+    for t, seg in zip(specials, "AAB", strict=True):
+        chip = p.locator(f'#token-chips .chip[data-i="{t["i"]}"]')
+        assert chip.get_attribute("data-segment") == seg
+        assert chip.locator(".meta.seg").inner_text() == f"{seg} · special"
+        edges.append(chip.evaluate("e => getComputedStyle(e).boxShadow"))
+    # the segment's colour along the chip's edge: the same for A's two, another for B's
+    assert edges[0] == edges[1] != edges[2] and "none" not in edges
+    # the exported picture says it too
+    svg = p.evaluate("() => BL.exportView('tokens', 'svg')")
+    text = base64.b64decode(svg.split(",", 1)[1]).decode()
+    last = specials[-1]
+    assert f"{last['i']} · {last['id']} · B" in text
+    o.clean()
+
+
+@pytest.mark.parametrize("name", ["tiny", "bundled", "long"])
+def test_the_worked_examples_score_bars_are_labelled_with_their_tokens(pages, opened, name):
+    ex, path = pages[name]
+    tokens = ex.payload["tokens"]
+    o = opened(path)
+    p = o.page
+    got = p.eval_on_selector_all(
+        "#worked svg.bars",
+        f"""([s]) => {{
+          const rect = {RECT};
+          const bars = Array.from(s.querySelectorAll("rect.bar"),
+            b => [Number(b.dataset.i), rect(b)]);
+          const labels = Array.from(s.querySelectorAll("text.bar-label"),
+            l => [Number(l.dataset.i), l.textContent, rect(l)]);
+          return {{bars, labels}};
+        }}""",
+    )
+    assert [i for i, _, _ in got["labels"]] == list(range(len(tokens)))
+    assert [s for _, s, _ in got["labels"]] == [clip(t["token"], 12) for t in tokens]
+    for (i, bar), (_, _, label) in zip(got["bars"], got["labels"], strict=True):
+        middle = (label["left"] + label["right"]) / 2
+        assert bar["left"] - 1 <= middle <= bar["right"] + 1, (i, bar, label)
+        assert label["top"] >= bar["top"] - 0.5, i  # under the bars
+    for (_, _, a), (_, _, b) in pairwise(got["labels"]):
+        assert disjoint(a, b), (a, b)
+    # a label is a token: pointing at it lights the token's chip
+    p.locator('#worked svg.bars text.bar-label[data-i="2"]').hover()
+    assert "hl" in p.get_attribute('#token-chips .chip[data-i="2"]', "class").split()
+    o.clean()
+
+
+@pytest.mark.parametrize("name", ["tiny", "bundled"])
+def test_the_layer_charts_labels_never_overlap(pages, opened, name):
+    """For every token: its label and "mean of tokens" at the lines' ends, and the values line
+    under the chart's title, never cover one another and stay inside the chart."""
+    ex, path = pages[name]
+    o = opened(path)
+    drawn = o.page.evaluate(
+        f"""() => {{
+          const rect = {RECT}, out = [];
+          for (let i = 0; i < BL.payload.tokens.length; i++) {{
+            BL.set({{token: i}});
+            for (const s of document.querySelectorAll("#layers-view svg.bl-lines")) {{
+              const r = c => rect(s.querySelector(c));
+              out.push({{i, chart: rect(s), focus: r(".bl-focus-label"), mean: r(".bl-mean-label"),
+                note: r(".bl-focus-note"), title: r(".bl-title")}});
+            }}
+          }}
+          return out;
+        }}"""
+    )
+    assert len(drawn) == 2 * len(ex.payload["tokens"])
+    for d in drawn:
+        assert disjoint(d["focus"], d["mean"]), d
+        assert disjoint(d["note"], d["title"]), d
+        for part in ("focus", "mean", "note", "title"):
+            box = d[part]
+            inside = d["chart"]["left"] <= box["left"] and box["right"] <= d["chart"]["right"] + 0.5
+            assert inside, (part, d)
+    o.clean()
+
+
+def test_the_position_tables_keep_every_cell_and_label_their_axes(pages, opened):
+    """The tables: every one of their first positions as columns, dimensions spread over H as rows,
+    each a whole number of pixels: every pixel is the colour of its own (position, dimension) value,
+    none blended or skipped (a sinusoid's shortest wave is about 6 positions long). The axes are
+    titled and ticked with the positions and dimensions shown."""
+    ex, path = pages["bundled"]
+    stored = ex.payload["embeddings"]["positions"]
+    shown = unarray(stored["index"]).tolist()
+    rows = unarray(stored["table_index"]).tolist()
+    dims = unarray(stored["dims"]).tolist()
+    H, P = ex.payload["model"]["hidden"], ex.payload["model"]["max_positions"]
+    assert rows == list(range(min(P, 128)))  # every position, none skipped
+    assert dims[0] == 0 and dims[-1] >= H - H // 64 and len(dims) == 64  # spread over all of H
+    o = opened(path)
+    p = o.page
+    canvas = p.locator("#positions-canvas")
+    axes = json.loads(canvas.get_attribute("data-axes"))
+    assert [panel["title"].split()[0] for panel in axes["panels"]] == ["learned", "sinusoidal"]
+    ticks = axes["position_ticks"]
+    assert ticks[0] == shown[0] and ticks[-1] == shown[-1] and set(ticks) <= set(shown)
+    assert len(ticks) >= 3
+    table_ticks = axes["table_position_ticks"]
+    assert table_ticks[0] == 0 and table_ticks[-1] == rows[-1] and set(table_ticks) <= set(rows)
+    assert axes["dimension_ticks"][0] == 0 and axes["dimension_ticks"][-1] == dims[-1]
+    assert set(axes["dimension_ticks"]) <= set(dims)
+    for panel in axes["panels"]:
+        sim, table = panel["similarity"], panel["table"]
+        assert (sim["x_axis"], sim["y_axis"]) == ("position", "position")
+        assert (table["x_axis"], table["y_axis"]) == ("position", "dimension")
+        assert table["cols"] == len(rows) and table["rows"] == len(dims)
+        assert table["cw"] >= 1 and table["ch"] >= 2
+        assert table["cols"] * table["cw"] <= sim["size"]  # under the matrix, no wider
+        # colours saturate at the 98th percentile of |value| (a few outliers do not wash it out)
+        values = unarray(stored[panel["title"].split()[0].replace("sinusoidal", "sinusoid")])
+        magnitudes = values.abs().flatten().sort().values
+        want = float(magnitudes[int(0.98 * len(magnitudes))])
+        assert table["scale"] == pytest.approx(want, rel=1e-6)
+    # drawn at its own size: the browser does not rescale the canvas either
+    assert canvas.evaluate("c => [c.clientWidth, c.clientHeight]") == canvas.evaluate(
+        "c => [c.width, c.height]"
+    )
+    wrong = canvas.evaluate(
+        """cv => {
+          const ax = JSON.parse(cv.dataset.axes), ctx = cv.getContext("2d");
+          const Pp = BL.payload.embeddings.positions;
+          return ax.panels.map(panel => {
+            const t = panel.table;
+            const a = BL.arr(panel.title.startsWith("learned") ? Pp.learned : Pp.sinusoid);
+            const n = a.shape[1], m = t.scale;
+            const w = t.cols * t.cw, h = t.rows * t.ch, px = ctx.getImageData(t.x, t.y, w, h).data;
+            let bad = 0;
+            for (let y = 0; y < h; y++) for (let x = 0; x < w; x++) {
+              const v = a.data[Math.floor(x / t.cw) * n + Math.floor(y / t.ch)];
+              const want = BL.divergingRGB(v, m);
+              const o = (y * w + x) * 4;
+              if ([0, 1, 2].some(c => Math.abs(px[o + c] - want[c]) > 1)) bad++;
+            }
+            return bad;
+          });
+        }"""
+    )
+    assert wrong == [0, 0]
+    o.clean()
+
+
+def test_the_attention_thumbnails_are_legible_and_tell_heads_apart(pages, opened):
+    """Each thumbnail is large enough to see a token's cell, inked enough to see its structure,
+    and the darkness of its cells follows the head: the head that looks most at [CLS]/[SEP] and
+    the head that looks most at the neighbours draw different pictures."""
+    ex, path = pages["bundled"]
+    payload = ex.payload
+    att = attention_of(payload)  # (L, A, T, T)
+    L, A, T = att.shape[0], att.shape[1], att.shape[2]
+    special = torch.tensor([t["special"] for t in payload["tokens"]])
+    near = (torch.arange(T)[:, None] - torch.arange(T)[None, :]).abs() <= 1
+    o = opened(path)
+    p = o.page
+    # darkness (1 - mean of r, g, b / 255) at the centre of every token's cell of every thumbnail
+    seen = p.eval_on_selector_all(
+        "#attention-grid canvas.cell",
+        """cs => cs.map(c => {
+          const T = BL.payload.tokens.length, cell = c.width / T, px = c.getContext("2d")
+            .getImageData(0, 0, c.width, c.height).data, dark = [];
+          for (let i = 0; i < T; i++) for (let j = 0; j < T; j++) {
+            const y = Math.floor(i * cell + cell / 2), x = Math.floor(j * cell + cell / 2);
+            const o = (y * c.width + x) * 4;
+            dark.push(1 - (px[o] + px[o + 1] + px[o + 2]) / 765);
+          }
+          return {layer: Number(c.dataset.layer), head: Number(c.dataset.head),
+            shown: c.clientWidth, width: c.width, dark};
+        })""",
+    )
+    assert len(seen) == L * A
+    dark = torch.zeros(L, A, T, T)
+    for s in seen:
+        assert s["width"] >= 60 and s["width"] % T == 0, s  # T <= the thumbnail: whole cells
+        assert s["shown"] == s["width"], s  # shown at its own size, not rescaled
+        dark[s["layer"], s["head"]] = torch.tensor(s["dark"]).view(T, T)
+    # the darkest cell is the head's largest weight (row = query, column = key)
+    flat, inked = att.flatten(2), dark.flatten(2)
+    at_top = inked.gather(-1, flat.argmax(-1, keepdim=True)).squeeze(-1)
+    assert torch.equal(at_top, inked.max(-1).values)
+    # ink: a weight a tenth of its head's largest is still clearly coloured, so that most heads
+    # show more than their one largest cell
+    tenth = (att / flat.max(-1).values[..., None, None] - 0.1).abs() < 0.03
+    assert tenth.any() and float(dark[tenth].mean()) >= 0.15
+    # the shares of ink on the special columns and on the diagonal band follow the weights
+    share_sp = att[..., special].sum((-1, -2)) / att.sum((-1, -2))
+    share_near = (att * (near & ~special[None, :])).sum((-1, -2)) / att.sum((-1, -2))
+    ink_sp = dark[..., special].sum((-1, -2)) / dark.sum((-1, -2))
+    ink_near = (dark * (near & ~special[None, :])).sum((-1, -2)) / dark.sum((-1, -2))
+    a = divmod(int(share_sp.argmax()), A)  # the head most on [CLS]/[SEP]
+    b = divmod(int(share_near.argmax()), A)  # the head most on the neighbours
+    assert a != b
+    assert ink_sp[a] > ink_sp[b] + 0.1 and ink_near[b] > ink_near[a] + 0.1, (a, b)
     o.clean()

@@ -49,6 +49,12 @@ ATTENTION_BYTES = 16 * 2**20  # full attention maps up to this size; above it, t
 TOP_K = 32  # keys kept per attention row when summarised
 VECTOR_BYTES = 32 * 2**20  # float32 vectors up to this size; above it, float16
 POSITIONS_SHOWN = 256  # at most this many positions in the position-similarity pictures
+# The position tables themselves: their first TABLE_POSITIONS positions, every one (the shortest
+# sinusoid is 2π ≈ 6.3 positions long: drawn from every 2nd position it beats into a moiré), over
+# at most DIMENSIONS_SHOWN dimensions spread evenly over H (the wavelengths grow along H: the first
+# dimensions alone are all short waves).
+TABLE_POSITIONS = 128
+DIMENSIONS_SHOWN = 64
 PREDICTIONS_K = 5  # masked-LM predictions per token and layer
 
 
@@ -278,8 +284,12 @@ def embedding_parts(model: BertPreTrainedModel, rec: Recorder, vec: str) -> dict
     var = summed.var(-1, unbiased=False)
     P = model.config.max_position_embeddings
     table = model.base_model.embeddings.position_embeddings.weight.detach().float()
+    H = table.shape[1]
     shown = torch.arange(0, P, math.ceil(P / POSITIONS_SHOWN))
-    learned, sinusoid = table[shown], sinusoidal_positions(P, table.shape[1])[shown]
+    dims = torch.arange(0, H, math.ceil(H / DIMENSIONS_SHOWN))
+    sinusoids = sinusoidal_positions(P, H)
+    learned, sinusoid = table[shown], sinusoids[shown]
+    rows = torch.arange(min(P, TABLE_POSITIONS))
     return {
         "word": array(rec.outputs["word"][0], vec),
         "position": array(rec.outputs["position"].reshape(summed.shape), vec),
@@ -295,8 +305,10 @@ def embedding_parts(model: BertPreTrainedModel, rec: Recorder, vec: str) -> dict
             "index": array(shown, "i32"),
             "learned_similarity": array(cosine_matrix(learned)),
             "sinusoid_similarity": array(cosine_matrix(sinusoid)),
-            "learned": array(learned[:, :64]),
-            "sinusoid": array(sinusoid[:, :64]),
+            "table_index": array(rows, "i32"),
+            "dims": array(dims, "i32"),
+            "learned": array(table[rows][:, dims]),
+            "sinusoid": array(sinusoids[rows][:, dims]),
         },
     }
 

@@ -11,8 +11,13 @@
  *    buttons and calls render(container, payload) with the section's body.
  *  - BL.on(fn) listeners are called as fn(state, changedKeys). BL.load (a new payload) drops every
  *    listener and state; views add theirs again when they render.
- *  - An element with class "tok" and data-i is a token: hovering sets state.token, a click pins it
- *    (a second click unpins), and core gives every .tok of the current token the class "hl".
+ *  - An element with class "tok" and data-i is a token: hovering sets state.token, leaving it for
+ *    anything that is not a token sets it back to null (the views' overviews), a click pins it (a
+ *    second click unpins; a pinned token stays when the pointer leaves), and core gives every .tok
+ *    of the current token the class "hl".
+ *  - Text is cut by code points, never by String indices: the payload's character offsets are
+ *    Python str indices (code points), and an emoji is one code point but two UTF-16 units.
+ *    BL.chars(s) is the code points of s, BL.clip(s, n) its first n of them.
  */
 "use strict";
 
@@ -174,14 +179,16 @@ const BL = (() => {
   function divergingRGB(v, absMax) { return ramp(DIV, absMax > 0 ? 0.5 + 0.5 * v / absMax : 0.5); }
   function diverging(v, absMax) { const c = divergingRGB(v, absMax); return `rgb(${c[0]},${c[1]},${c[2]})`; }
 
-  // A canvas heatmap of rows x cols cells, value(r, c) coloured by rgb(v) (default: color(v, lo, hi)).
-  function heatCanvas(rows, cols, value, {lo = 0, hi = 1, cell = 4, rgb = null, cls = null} = {}) {
-    const cv = el("canvas", {width: cols * cell, height: rows * cell, class: cls});
-    const ctx = cv.getContext("2d"), img = ctx.createImageData(cols * cell, rows * cell), px = img.data;
+  // A canvas heatmap of rows x cols cells of cw x ch pixels (both default to cell), value(r, c)
+  // coloured by rgb(v) (default: color(v, lo, hi)).
+  function heatCanvas(rows, cols, value, {lo = 0, hi = 1, cell = 4, cw = cell, ch = cell, rgb = null,
+    cls = null} = {}) {
+    const cv = el("canvas", {width: cols * cw, height: rows * ch, class: cls});
+    const ctx = cv.getContext("2d"), img = ctx.createImageData(cols * cw, rows * ch), px = img.data;
     for (let r = 0; r < rows; r++) for (let c = 0; c < cols; c++) {
       const v = value(r, c), col = rgb ? rgb(v) : colorRGB(v, lo, hi);
-      for (let y = r * cell; y < (r + 1) * cell; y++) for (let x = c * cell; x < (c + 1) * cell; x++) {
-        const o = (y * cols * cell + x) * 4;
+      for (let y = r * ch; y < (r + 1) * ch; y++) for (let x = c * cw; x < (c + 1) * cw; x++) {
+        const o = (y * cols * cw + x) * 4;
         px[o] = col[0]; px[o + 1] = col[1]; px[o + 2] = col[2]; px[o + 3] = 255;
       }
     }
@@ -202,6 +209,24 @@ const BL = (() => {
   // ---- text ----------------------------------------------------------------------------------
 
   function tokenLabel(i) { const t = BL.payload.tokens[i]; return t ? t.token : "?"; }
+
+  // The code points of s (the units of the payload's offsets); the first n of them, with "…" in
+  // the last place when some are left out (ellipsis = false: just the first n).
+  const chars = s => Array.from(s == null ? "" : String(s));
+  function clip(s, n, ellipsis = true) {
+    const c = chars(s);
+    if (c.length <= n) return c.join("");
+    return ellipsis ? c.slice(0, Math.max(0, n - 1)).join("") + "…" : c.slice(0, n).join("");
+  }
+
+  // The width of s in px pixels of the page's monospace font (for laying out SVG text).
+  const MONO = 'ui-monospace, "DejaVu Sans Mono", "Liberation Mono", Menlo, monospace';
+  let measurer = null;
+  function textWidth(s, px = 12, family = MONO) {
+    measurer = measurer || document.createElement("canvas").getContext("2d");
+    measurer.font = `${px}px ${family}`;
+    return measurer.measureText(s).width;
+  }
 
   // Fixed digits for ordinary magnitudes, exponent form for the very small or large; ASCII "-".
   function fmt(x, digits = 4) {
@@ -383,14 +408,21 @@ const BL = (() => {
     highlight();
   }
 
-  // Token linking, once per document: hover sets state.token, click pins / unpins.
-  function tokenOf(ev) {
-    const t = ev.target.closest && ev.target.closest(".tok[data-i]");
+  // Token linking, once per document: hover sets state.token, leaving clears it, click pins / unpins.
+  function tokenAt(node) {
+    const t = node && node.closest && node.closest(".tok[data-i]");
     return t ? Number(t.dataset.i) : null;
   }
+  const tokenOf = ev => tokenAt(ev.target);
   document.addEventListener("mouseover", ev => {
     const i = tokenOf(ev);
     if (i != null && !pinned) set({token: i});
+  });
+  // Leaving a token for something that is not one (from a chip's text to the chip itself is not
+  // leaving): the views go back to their overviews, unless a token is pinned.
+  document.addEventListener("mouseout", ev => {
+    if (pinned || tokenOf(ev) == null || tokenAt(ev.relatedTarget) != null) return;
+    set({token: null});
   });
   document.addEventListener("click", ev => {
     const i = tokenOf(ev);
@@ -413,8 +445,8 @@ const BL = (() => {
   return {
     payload: null, state, root: null, views,
     arr, at, row, attention, attentionRow, set, on, view, load, mount, exportAll,
-    el, svg, color, colorRGB, diverging, divergingRGB, heatCanvas, strip,
-    tokenLabel, fmt, count, exportView, highlight,
+    el, svg, color, colorRGB, diverging, divergingRGB, heatCanvas, strip, chars, clip, textWidth, MONO,
+    tokenLabel, fmt, count, exportView, highlight, pinned: () => pinned,
   };
 })();
 window.BL = BL;

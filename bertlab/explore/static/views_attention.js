@@ -41,7 +41,8 @@
 
   // Draws rows [from, to) of the head view into the groups of one SVG (text and lines).
   // Which lines: those of the focused token (as query, or as key when pointed at on the right),
-  // else those of every query row in [from, to); always the selected pair's line.
+  // else (the overview) those of every query row in [from, to); always the selected pair's line.
+  // Returns what it drew: "every row", "row i", "key i" or "pair row" (a long input's overview).
   function drawLinks(g, from, to, side) {
     const {T} = dims(), {layer: l, head: h, token} = BL.state, pair = defaultPair();
     g.textContent = "";
@@ -67,6 +68,8 @@
     else for (let i = from; i < to; i++) rowLines(i);
     const pv = rowOf(l, h, pair[0]).find(e => e[0] === pair[1]);
     line(pair[0], pair[1], pv ? pv[1] : 0, 1, true);
+    if (token != null) return `${side === "k" ? "key" : "row"} ${token}`;
+    return T > MANY ? "pair row" : "every row";
   }
 
   function drawTokens(g, from, to) {
@@ -74,7 +77,7 @@
     const pair = defaultPair();
     for (let i = from; i < to; i++) {
       const y = TOP + i * ROW + ROW / 2;
-      const full = BL.tokenLabel(i), lab = full.length > 18 ? full.slice(0, 17) + "…" : full;
+      const lab = BL.clip(BL.tokenLabel(i), 18);
       const cls = k => "tok" + (BL.state.token === i ? " hl" : "") + ((k === "q" ? pair[0] : pair[1]) === i ? " sel" : "");
       g.append(
         svg("text", {class: cls("q"), "data-i": i, "data-side": "q", x: QX, y, "text-anchor": "end",
@@ -102,7 +105,7 @@
     const redraw = (texts) => {
       const [a, b] = visible();
       if (texts || a !== range[0] || b !== range[1]) { drawTokens(gt, a, b); range = [a, b]; }
-      drawLinks(gl, a, b, side);
+      s.dataset.shown = drawLinks(gl, a, b, side);
     };
     let queued = false;
     scroller.addEventListener("scroll", () => {
@@ -112,6 +115,8 @@
     });
     // Clicks: a query token fixes i, then a key token (or a line) fixes j.
     s.addEventListener("mouseover", ev => { const t = ev.target.closest("text.tok"); if (t) side = t.dataset.side; });
+    // out of the view, a token is a query again (unless one pinned here as a key is still shown)
+    s.addEventListener("mouseleave", () => { if (!BL.pinned()) side = "q"; });
     s.addEventListener("click", ev => {
       const t = ev.target.closest("text.tok"), ln = ev.target.closest(".link");
       const [pi, pj] = defaultPair();
@@ -137,7 +142,15 @@
 
   // ============================================================ grid of every layer x head
 
-  // One thumbnail: the T x T map shrunk to S x S pixels, each pixel the largest value of its block.
+  // Thumbnails are drawn at GAMMA: a head's weights mostly lie far below its largest, and on a
+  // linear scale every thumbnail is a pale wash with one dark cell; v^0.5 lifts the weights of a
+  // tenth of the largest to a third of the colour scale, so a column (attention to [CLS] or [SEP])
+  // and a diagonal (attention to the neighbours) both stand out, each thumbnail scaled to its own
+  // largest value.
+  const GAMMA = 0.5, THUMB_MAX = 84;
+
+  // One thumbnail: the T x T map shrunk to at most S x S pixels, each pixel the largest value of
+  // its block (so a peak never disappears), each token `cell` pixels when T is small.
   function thumb(l, h, S) {
     const {T} = dims(), n = Math.min(S, T), cell = Math.max(1, Math.floor(S / T)), size = n * cell;
     const acc = new Float32Array(n * n);
@@ -150,14 +163,29 @@
     }
     let m = 1e-12;
     for (let k = 0; k < acc.length; k++) m = Math.max(m, acc[k]);
-    const cv = BL.heatCanvas(n, n, (r, c) => acc[r * n + c], {lo: 0, hi: m, cell, cls: "cell"});
-    cv.style.width = cv.style.height = size + "px";
+    const cv = BL.heatCanvas(n, n, (r, c) => (acc[r * n + c] / m) ** GAMMA, {lo: 0, hi: 1, cell, cls: "cell"});
+    cv.style.width = cv.style.height = size + 2 + "px"; // and its border: the pixels are not rescaled
     return cv;
   }
 
+  // What a head does, in words, for its thumbnail's title: the shares of its weight on the special
+  // tokens ([CLS], [SEP]), on the token itself and its neighbours (|i - j| <= 1), and elsewhere.
+  function headSummary(l, h) {
+    const {T} = dims(), special = BL.payload.tokens.map(t => t.special);
+    let sp = 0, near = 0, all = 0;
+    for (let i = 0; i < T; i++) {
+      for (const [j, v] of BL.attentionRow(l, h, i)) {
+        all += v;
+        if (special[j]) sp += v; else if (Math.abs(i - j) <= 1) near += v;
+      }
+    }
+    const pc = x => `${Math.round(100 * x / (all || 1))}%`;
+    return `${pc(sp)} on [CLS]/[SEP], ${pc(near)} on itself and its neighbours, ${pc(all - sp - near)} elsewhere`;
+  }
+
   function grid(box) {
-    const {L, A} = dims(), avail = (box.clientWidth || 600) - 34;
-    const S = Math.max(20, Math.min(56, Math.floor(avail / A) - 5));
+    const {L, A} = dims(), avail = (box.clientWidth || 900) - 34;
+    const S = Math.max(24, Math.min(THUMB_MAX, Math.floor(avail / A) - 5));
     const g = el("div", {id: "attention-grid", style: {gridTemplateColumns: `28px repeat(${A}, auto)`}});
     const thumbs = [];
     g.appendChild(el("span", {class: "glabel"}, ""));
@@ -167,7 +195,7 @@
       for (let h = 0; h < A; h++) {
         const cv = thumb(l, h, S);
         cv.dataset.layer = l; cv.dataset.head = h;
-        cv.title = `layer ${l}, head ${h}`;
+        cv.title = `layer ${l}, head ${h}: ${headSummary(l, h)}`;
         cv.addEventListener("click", () => BL.set({layer: l, head: h}));
         g.appendChild(cv);
         thumbs.push(cv);
@@ -213,18 +241,25 @@
     const bw = el("button", {type: "button", class: "on", "data-mode": "weight"}, "weight a_ij");
     const bn = el("button", {type: "button", "data-mode": "norm"}, "contribution a_ij·‖f(x_j)‖");
     const left = el("div", {class: "col", style: {width: HEAD_W + 2 + "px"}});
-    const right = el("div", {class: "col", style: {flex: "1 1 300px"}});
+    const side = el("div", {class: "col", style: {flex: "1 1 300px"}});
+    const right = el("div", {class: "col", style: {flex: "1 1 100%"}}); // the grid: a row of its own
     const kNote = topk() ? ` Summarised: each row keeps its ${payload.layers.attention.topk} largest ` +
       "weights; the rest of the row is not drawn." : "";
     box.append(
       el("div", {class: "controls"}, ls, hs, el("span", {class: "toggle", id: "attention-mode"}, bw, bn)),
-      el("div", {class: "row"}, left, right));
-    left.append(el("p", {class: "note"}, "Lines: how much query i (left) takes from key j (right); " +
-      "opacity and width are relative to the row's largest. Point at a token to see its row " +
-      `(or, on the right, the lines into it)${T > MANY ? "; with this many tokens one row is drawn at a time" : ""}; ` +
-      "click a query then a key (or a line) to work that pair out below." + kNote));
+      el("div", {class: "row"}, left, side, right));
+    side.append(el("p", {class: "note"}, "Lines: how much query i (left) takes from key j (right); " +
+      "opacity and width are relative to the row's largest. " +
+      (T > MANY ? "With this many tokens one row is drawn at a time (the selected pair's query). "
+        : "With the pointer away from the tokens, every row is drawn. ") +
+      "Point at a token, here or in any view, to see its row alone (or, on the right, the lines into " +
+      "it); click it to keep it (click again to let go). Click a query then a key (or a line) to work " +
+      "that pair out below." + kNote));
     right.append(el("p", {class: "note"}, `All ${L} × ${A} heads (rows: layers, columns: heads), each ` +
-      `a ${T} × ${T} map (darker = larger, scaled per head). Click one to show it.`));
+      `a ${T} × ${T} map: row = query i, column = key j, darker = larger. Each thumbnail is scaled to its ` +
+      "own largest weight and drawn at a square root (gamma 0.5), so that weaker structure shows: a dark " +
+      "column is a head that looks at one token from everywhere (often [CLS] or [SEP]), a diagonal one " +
+      "that looks at itself or its neighbours. Point at one for its shares; click it to show it."));
     let hv = headView(left), gr = grid(right);
     const setMode = m => {
       mode = m;
@@ -267,20 +302,39 @@
       stored: BL.attention(l, h, i, j), vn: vn[j], contribSum};
   }
 
+  // The row s_i,· as bars, each labelled with its key token (a .tok, so pointing at it links it).
+  // Labels lie flat when the row can be widened (to FLAT_MAX pixels) until they fit under their bars,
+  // else upright; then every bar is at least BAR_MIN pixels wide, and a long row scrolls sideways
+  // rather than dropping labels.
+  const BAR_MIN = 13, LABEL_CHARS = 12, FLAT_MAX = 800;
   function bars(scores, j) {
-    const T = scores.length, W = 600, Hh = 80, bw = W / T;
+    const T = scores.length, labels = Array.from({length: T}, (_, t) => BL.clip(BL.tokenLabel(t), LABEL_CHARS));
+    const widest = Math.max(...labels.map(s => BL.textWidth(s, 10)));
+    const flat = T * (widest + 4) <= FLAT_MAX;
+    const bw = flat ? Math.max(600 / T, widest + 4) : Math.max(600 / T, BAR_MIN), W = T * bw;
+    const Hh = 80, labH = flat ? 16 : widest + 8;
     let lo = Infinity, hi = -Infinity;
     for (const v of scores) { lo = Math.min(lo, v); hi = Math.max(hi, v); }
     lo = Math.min(lo, 0); hi = Math.max(hi, 0);
     const y = v => 6 + (hi - v) / ((hi - lo) || 1) * (Hh - 12);
-    const g = svg("svg", {class: "bars", width: W + 60, height: Hh + 16});
+    const g = svg("svg", {class: "bars", width: W + 60, height: Hh + labH + 16});
     g.appendChild(svg("line", {x1: 0, x2: W, y1: y(0), y2: y(0), stroke: "#d9dde5"}));
-    scores.forEach((v, t) => g.appendChild(svg("rect", {class: "bar" + (t === j ? " sel" : ""),
+    scores.forEach((v, t) => g.appendChild(svg("rect", {class: "bar" + (t === j ? " sel" : ""), "data-i": t,
       x: t * bw, width: Math.max(0.8, bw - (bw > 3 ? 1 : 0)), y: Math.min(y(v), y(0)),
-      height: Math.max(0.5, Math.abs(y(v) - y(0))), fill: t === j ? "#d35400" : "#9ecae1"})));
+      height: Math.max(0.5, Math.abs(y(v) - y(0))), fill: t === j ? "#d35400" : "#9ecae1"},
+    svg("title", null, `key ${t} "${BL.tokenLabel(t)}": s = ${fmt(v, 4)}`))));
     const txt = (x, yy, s) => g.appendChild(svg("text", {x, y: yy, "font-family": MONO, "font-size": 10, fill: "#5c6577"}, s));
     txt(W + 4, y(hi) + 4, fmt(hi, 2)); txt(W + 4, y(lo), fmt(lo, 2));
-    txt(0, Hh + 14, "key 0"); txt(W - 50, Hh + 14, `key ${T - 1}`);
+    labels.forEach((s, t) => {
+      const x = t * bw + bw / 2 - (bw > 3 ? 0.5 : 0), sel = t === j;
+      const a = {class: "tok bar-label" + (sel ? " sel" : ""), "data-i": t, "font-family": MONO, "font-size": 10,
+        fill: sel ? "#d35400" : "#1d2330", "font-weight": sel ? 700 : 400};
+      g.appendChild(flat
+        ? svg("text", {...a, x, y: Hh + 10, "text-anchor": "middle"}, s)
+        : svg("text", {...a, x: 0, y: 0, "text-anchor": "end", "dominant-baseline": "central",
+          transform: `translate(${x.toFixed(1)},${Hh + 4}) rotate(-90)`}, s));
+    });
+    txt(0, Hh + labH + 12, `key j (the orange bar: j = ${j})`);
     return g;
   }
 
@@ -319,7 +373,7 @@
           line("q · k", `Σ_d q_d k_d = ${fmt(w.qk, 6)}`),
           line("× scale", `${fmt(w.qk, 6)} × 1/√${D} (${fmt(w.scale, 6)}) = ${fmt(w.qk * w.scale, 6)}`),
           line(`+ mask[${j}]`, `${fmt(w.qk * w.scale, 6)} + ${fmt(w.mask, 4)} = s_${i},${j} = ${fmt(w.score, 6)}`),
-          line(`the row s_${i},·`, chart),
+          line(`the row s_${i},·`, el("div", {class: "bars-scroll"}, chart)),
           line("max over the row", `m = ${fmt(w.max, 6)}`),
           line("sum of exp", `Σ_t exp(s_${i},t − m) = ${fmt(w.sum, 6)}`),
           line("softmax", `exp(${fmt(w.score, 6)} − ${fmt(w.max, 6)}) / ${fmt(w.sum, 6)} = `,

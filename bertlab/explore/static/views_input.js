@@ -4,68 +4,73 @@
 "use strict";
 
 (() => {
-  const {el, svg, fmt} = BL;
+  const {el, svg, fmt, chars, MONO} = BL;
   const SEG = ["A", "B"];
-  const MONO = 'ui-monospace, "DejaVu Sans Mono", "Liberation Mono", Menlo, monospace';
+  const measure = BL.textWidth; // width of a string in the page's monospace font (SVG layout)
 
   // The focused token: the one under the pointer (or pinned), else the first word piece.
   const focusToken = () => BL.state.token ?? (BL.payload.tokens.length > 1 ? 1 : 0);
 
-  // Width of a string in the page's monospace font (for SVG layout).
-  const measure = (() => {
-    const ctx = document.createElement("canvas").getContext("2d");
-    return (s, px = 12) => { ctx.font = `${px}px ${MONO}`; return ctx.measureText(s).width; };
-  })();
-
   // ============================================================ tokens
+
+  // Every text is cut as an array of code points (the unit of the payload's offsets; see core).
+  const split = new WeakMap(); // payload -> {text, pair} as code points, split once
+  function codePoints(P, seg) {
+    if (!split.has(P)) split.set(P, {text: chars(P.text), pair: P.pair == null ? null : chars(P.pair)});
+    return split.get(P)[seg === 1 ? "pair" : "text"];
+  }
+  const cut = (cp, a, b) => cp.slice(a, b).join("");
 
   function charsOf(t) {
     if (t.start == null) return null;
-    const src = t.segment === 1 ? BL.payload.pair : BL.payload.text;
-    return src == null ? null : src.slice(t.start, t.end);
+    const cp = codePoints(BL.payload, t.segment);
+    return cp == null ? null : cut(cp, t.start, t.end);
+  }
+
+  // The characters the model read of each segment, as code points: after truncation, the text up
+  // to the last kept piece (the rest is counted, not shown).
+  function segments(P) {
+    const segs = P.pair != null ? [0, 1] : [0];
+    return segs.map(seg => {
+      const cp = codePoints(P, seg);
+      if (!P.truncated) return {cp, cut: 0};
+      const ends = P.tokens.filter(t => t.segment === seg && t.end != null).map(t => t.end);
+      const end = ends.length ? Math.max(...ends) : 0;
+      return {cp: cp.slice(0, end), cut: cp.length - end};
+    });
   }
 
   // One line per segment: the text, each token's characters in a span (class "tok") so that
   // hovering a chip highlights them, and hovering them highlights the chip.
-  // The characters the model read of each segment: after truncation, the text up to the last
-  // kept piece (the rest is counted, not shown).
-  function segments(P) {
-    const segs = [P.text].concat(P.pair != null ? [P.pair] : []);
-    return segs.map((txt, seg) => {
-      if (!P.truncated) return {txt, cut: 0};
-      const ends = P.tokens.filter(t => t.segment === seg && t.end != null).map(t => t.end);
-      const end = ends.length ? Math.max(...ends) : 0;
-      return {txt: txt.slice(0, end), cut: txt.length - end};
-    });
-  }
-
   function textLines(P) {
-    return segments(P).map(({txt, cut}, seg) => {
+    return segments(P).map(({cp, cut: left}, seg) => {
       const line = el("div", {class: "text-line"}, el("span", {class: "seg-label"}, SEG[seg]));
       const spans = P.tokens.filter(t => t.segment === seg && t.start != null && t.end != null)
         .sort((a, b) => a.start - b.start);
       let pos = 0;
       for (const t of spans) {
         if (t.start < pos) continue; // overlapping offsets: keep the first
-        if (t.start > pos) line.appendChild(document.createTextNode(txt.slice(pos, t.start)));
-        line.appendChild(el("span", {class: "ch tok", "data-i": t.i}, txt.slice(t.start, t.end)));
+        if (t.start > pos) line.appendChild(document.createTextNode(cut(cp, pos, t.start)));
+        line.appendChild(el("span", {class: "ch tok", "data-i": t.i}, cut(cp, t.start, t.end)));
         pos = t.end;
       }
-      if (pos < txt.length) line.appendChild(document.createTextNode(txt.slice(pos)));
-      if (cut) line.appendChild(el("span", {class: "muted"}, ` … and ${cut} more characters, cut off (truncated)`));
+      if (pos < cp.length) line.appendChild(document.createTextNode(cut(cp, pos)));
+      if (left) line.appendChild(el("span", {class: "muted"}, ` … and ${left} more characters, cut off (truncated)`));
       return line;
     });
   }
 
+  // A special token has no characters, but it has a segment: [CLS] and the first [SEP] are A's,
+  // the [SEP] that ends a pair is B's (the token type ids the model reads).
   function chip(t) {
-    const span = t.start == null ? "special" : `${SEG[t.segment]} ${t.start}–${t.end}`;
+    const span = t.start == null ? `${SEG[t.segment]} · special` : `${SEG[t.segment]} ${t.start}–${t.end}`;
     const cls = ["chip", "tok", "seg" + t.segment, t.special ? "special" : "", t.masked ? "masked" : ""];
-    return el("div", {class: cls.filter(Boolean).join(" "), "data-i": t.i,
+    return el("div", {class: cls.filter(Boolean).join(" "), "data-i": t.i, "data-segment": SEG[t.segment],
       title: `token ${t.i}: id ${t.id}, segment ${SEG[t.segment]}` +
         (t.start == null ? "" : `, characters ${t.start}–${t.end}`)},
     el("span", {class: "piece"}, t.token),
     el("span", {class: "meta"}, `${t.i} · ${t.id}`),
-    el("span", {class: "meta"}, span));
+    el("span", {class: "meta seg"}, span));
   }
 
   function tokenDetail(P) {
@@ -90,35 +95,39 @@
     box.append(
       el("div", {class: "text-shown"}, textLines(P)),
       el("p", {class: "note"}, `${P.tokens.length} word pieces (${words} words, ${nSpecial} special tokens). ` +
-        "Each chip: the piece, its position · vocabulary id, and its segment and characters in the text. " +
-        '"##" marks a piece that continues a word. Blue: segment A, orange: segment B, grey: special.'),
+        "Each chip: the piece, its position · vocabulary id, and its segment and characters in the text " +
+        "(characters counted as code points). " +
+        '"##" marks a piece that continues a word. Blue: segment A, orange: segment B; a special token ' +
+        "is grey, with its segment's colour along its bottom edge."),
       el("div", {class: "chips", id: "token-chips"}, P.tokens.map(chip)),
       detail);
     BL.on((s, ch) => { if (ch.includes("token")) detail.textContent = tokenDetail(P); });
   }
 
   // The exported picture of the tokens view: the text and the chips, drawn in SVG.
+  const SEG_FILL = ["#e7f0fb", "#fbefe2"], SEG_EDGE = ["#6b9bd1", "#e39a52"];
   function tokensFigure() {
     const P = BL.payload, W = 1000, out = svg("svg", {width: W, height: 10});
     let y = 18;
-    segments(P).forEach(({txt, cut}, seg) => {
-      if (txt.length > 1300) { cut += txt.length - 1300; txt = txt.slice(0, 1300); }
-      if (cut) txt += ` … (${cut} more characters)`;
-      for (let k = 0; k < txt.length || k === 0; k += 130) {
+    segments(P).forEach(({cp, cut: left}, seg) => {
+      if (cp.length > 1300) { left += cp.length - 1300; cp = cp.slice(0, 1300); }
+      const tail = left ? ` … (${left} more characters)` : "";
+      for (let k = 0; k < cp.length || k === 0; k += 130) {
         out.appendChild(svg("text", {x: 0, y, "font-family": MONO, "font-size": 13, fill: "#1d2330"},
-          (k ? "  " : SEG[seg] + " ") + txt.slice(k, k + 130)));
+          (k ? "  " : SEG[seg] + " ") + cut(cp, k, k + 130) + (k + 130 >= cp.length ? tail : "")));
         y += 18;
       }
     });
     let x = 0, right = 0;
     y += 8;
-    const fills = ["#e7f0fb", "#fbefe2"];
     for (const t of P.tokens) {
-      const meta = `${t.i} · ${t.id}`, w = Math.max(measure(t.token, 13), measure(meta, 10)) + 12;
+      const meta = `${t.i} · ${t.id}` + (t.special ? ` · ${SEG[t.segment]}` : "");
+      const w = Math.max(measure(t.token, 13), measure(meta, 10)) + 12;
       if (x + w > W) { x = 0; y += 42; }
       out.append(
-        svg("rect", {x, y, width: w, height: 36, rx: 3, fill: t.special ? "#eceff3" : fills[t.segment],
+        svg("rect", {x, y, width: w, height: 36, rx: 3, fill: t.special ? "#eceff3" : SEG_FILL[t.segment],
           stroke: "#d9dde5"}),
+        t.special ? svg("rect", {x: x + 1, y: y + 33, width: w - 2, height: 3, fill: SEG_EDGE[t.segment]}) : null,
         svg("text", {x: x + w / 2, y: y + 15, "text-anchor": "middle", "font-family": MONO, "font-size": 13,
           "font-weight": t.special ? 700 : 400, fill: t.masked ? "#a01919" : "#1d2330"}, t.token),
         svg("text", {x: x + w / 2, y: y + 30, "text-anchor": "middle", "font-family": MONO, "font-size": 10,
@@ -138,7 +147,6 @@
   // ============================================================ embeddings
 
   const F64 = a => Float64Array.from(a);
-  const absMax = (...vs) => vs.reduce((m, v) => v.reduce((mm, x) => Math.max(mm, Math.abs(x)), m), 1e-12);
   // The colour scale of a group of vectors: the 98th percentile of |x|, so that the few outlier
   // dimensions BERT models have do not wash every other dimension out (they saturate instead).
   function scaleOf(...vs) {
@@ -227,8 +235,11 @@
 
   // ---- positions: learned vs sinusoidal (reference 001) ----------------------------------------
 
-  // One canvas: the two similarity matrices side by side with titles and position ticks, then the
-  // first 64 dimensions of each table. The focused token's position is marked on both.
+  // One canvas: the two similarity matrices side by side, and under each its table (dimensions
+  // 0..63 as rows, positions as columns), every axis titled and ticked. Every shown position is a
+  // whole number of pixels (cell) in both pictures, and every dimension 2 or more: the pictures are
+  // drawn at their own resolution and never rescaled, so no stripe of the table can alias into a
+  // moiré. The focused token's position is framed in the matrices and marked over the tables.
   const drawn = new WeakMap(); // payload -> its position pictures (drawn once, marked per token)
   function positionsCanvas(P, marked) {
     const Pp = P.embeddings.positions;
@@ -237,54 +248,117 @@
     return markedPositions(P, drawn.get(P), marked);
   }
 
+  // About n + 1 evenly spread indices of 0..count-1, the last one included.
+  function ticksOf(count, n = 4) {
+    const out = [];
+    for (let j = 0; j < n; j++) out.push(Math.floor(j * count / n));
+    out.push(count - 1);
+    return [...new Set(out)].filter(k => k >= 0);
+  }
+
   function positionPanels(P) {
     const Pp = P.embeddings.positions;
     const idx = BL.arr(Pp.index).data, M = idx.length;
-    const cell = Math.max(1, Math.floor(240 / M)), S = cell * M;
+    const cell = Math.max(1, Math.floor(256 / M)), S = cell * M;
     const simL = BL.arr(Pp.learned_similarity).data, simS = BL.arr(Pp.sinusoid_similarity).data;
     let lo = 0;
     for (let k = 0; k < simL.length; k++) lo = Math.min(lo, simL[k], simS[k]);
+    lo = Math.floor(lo * 10) / 10;
     const heat = d => BL.heatCanvas(M, M, (r, c) => d[r * M + c], {lo, hi: 1, cell});
-    const tab = a => {
-      const d = BL.arr(a).data, n = BL.arr(a).shape[1], m = absMax(d);
-      return BL.heatCanvas(M, n, (r, c) => d[r * n + c], {cell: 1, rgb: v => BL.divergingRGB(v, m)});
+    // the tables: every one of their first positions, over dimensions spread evenly over H
+    // (payload.py), so that the sinusoids' short waves do not beat and their long waves show
+    const rows = BL.arr(Pp.table_index).data, Mt = rows.length, tcell = Math.max(1, Math.floor(S / Mt));
+    const dims = BL.arr(Pp.dims).data, nD = dims.length, dh = Math.max(2, Math.floor(128 / nD));
+    const tab = a => { // transposed: row = dimension, column = position; colours as the strips'
+      const d = BL.arr(a).data, m = scaleOf(d);
+      const cv = BL.heatCanvas(nD, Mt, (r, c) => d[c * nD + r],
+        {cw: tcell, ch: dh, rgb: v => BL.divergingRGB(v, m)});
+      cv.dataset.scale = m;
+      return cv;
     };
-    return {idx, M, cell, S, panels: [["learned (this model)", heat(simL), tab(Pp.learned)],
-      ["sinusoidal (Vaswani et al.)", heat(simS), tab(Pp.sinusoid)]]};
+    return {idx, M, cell, S, lo, rows, Mt, tcell, dims, nD, dh,
+      panels: [["learned (this model)", heat(simL), tab(Pp.learned)],
+        ["sinusoidal (Vaswani et al.)", heat(simS), tab(Pp.sinusoid)]]};
   }
 
-  function markedPositions(P, {idx, M, cell, S, panels}, marked) {
-    const pad = 34, gap = 40, top = 22, W = pad + 2 * S + gap + 10, tabH = 120;
-    const cv = el("canvas", {width: W, height: top + S + 30 + tabH + 40, id: "positions-canvas"});
+  function markedPositions(P, {idx, M, cell, S, lo, rows, Mt, tcell, dims, nD, dh, panels}, marked) {
+    const padL = 46, gap = 54, top = 24, TH = nD * dh, ty = top + S + 60;
+    const W = padL + 2 * S + gap + 16, H = ty + TH + 92;
+    const cv = el("canvas", {width: W, height: H, id: "positions-canvas"});
     const ctx = cv.getContext("2d");
-    ctx.fillStyle = "#fff"; ctx.fillRect(0, 0, cv.width, cv.height);
-    ctx.font = `12px ${MONO}`; ctx.fillStyle = "#1d2330";
+    ctx.fillStyle = "#fff"; ctx.fillRect(0, 0, W, H);
+    ctx.imageSmoothingEnabled = false;
+    const ink = "#1d2330", muted = "#5c6577";
+    const text = (s, x, y, {size = 10, color = muted, align = "left", rotate = false, bold = false} = {}) => {
+      ctx.save();
+      ctx.font = `${bold ? "600 " : ""}${size}px ${MONO}`; ctx.fillStyle = color; ctx.textAlign = align;
+      ctx.translate(x, y);
+      if (rotate) ctx.rotate(-Math.PI / 2);
+      ctx.fillText(s, 0, 0);
+      ctx.restore();
+    };
+    // an axis: ticks (index k -> label) along x (below y) or along y (left of x), and its title
+    const xAxis = (x0, y, ticks, unit, title) => {
+      ctx.fillStyle = muted;
+      for (const [k, label] of ticks) {
+        const x = x0 + k * unit + unit / 2;
+        ctx.fillRect(Math.round(x), y, 1, 3);
+        text(label, x, y + 12, {align: "center"});
+      }
+      text(title, x0 + ticks[ticks.length - 1][0] * unit / 2, y + 24, {align: "center", color: ink});
+    };
+    const yAxis = (x, y0, ticks, unit, title) => {
+      ctx.fillStyle = muted;
+      for (const [k, label] of ticks) {
+        const y = y0 + k * unit + unit / 2;
+        ctx.fillRect(x - 3, Math.round(y), 3, 1);
+        text(label, x - 5, y + 3.5, {align: "right"});
+      }
+      text(title, x - 30, y0 + (ticks[ticks.length - 1][0] * unit) / 2, {align: "center", color: ink,
+        rotate: true});
+    };
     // the shown position nearest to the focused token's (positions may be shown every 2nd)
     let mk = -1;
     if (marked != null) for (let k = 0; k < M; k++) if (idx[k] <= marked) mk = k;
-    panels.forEach(([title, hm, tb], p) => {
-      const x0 = pad + p * (S + gap);
-      ctx.fillStyle = "#1d2330"; ctx.fillText(title, x0, 14);
-      ctx.imageSmoothingEnabled = false;
+    const posTicks = ticksOf(M).map(k => [k, String(idx[k])]);
+    const rowTicks = ticksOf(Mt).map(k => [k, String(rows[k])]);
+    const dimTicks = ticksOf(nD).map(r => [r, String(dims[r])]);
+    const step = nD > 1 ? dims[1] - dims[0] : 1;
+    const which = step > 1 ? `dimensions ${dims[0]}, ${dims[1]}, …, ${dims[nD - 1]} (step ${step})`
+      : `dimensions 0–${nD - 1}`;
+    const geometry = panels.map(([title, hm, tb], p) => {
+      const x0 = padL + p * (S + gap);
+      text(title, x0, 14, {size: 12, color: ink, bold: true});
       ctx.drawImage(hm, x0, top);
-      ctx.strokeStyle = "#d9dde5"; ctx.strokeRect(x0 - .5, top - .5, S + 1, S + 1);
-      ctx.fillStyle = "#5c6577"; ctx.font = `10px ${MONO}`;
-      ctx.fillText(String(idx[0]), x0 - 4 - ctx.measureText(String(idx[0])).width, top + 8);
-      ctx.fillText(String(idx[M - 1]), x0 - 4 - ctx.measureText(String(idx[M - 1])).width, top + S);
-      ctx.fillText(String(idx[M - 1]), x0 + S - ctx.measureText(String(idx[M - 1])).width, top + S + 12);
+      ctx.strokeStyle = "#d9dde5"; ctx.lineWidth = 1; ctx.strokeRect(x0 - .5, top - .5, S + 1, S + 1);
+      xAxis(x0, top + S + 1, posTicks, cell, "position");
+      yAxis(x0 - 1, top, posTicks, cell, "position");
       if (mk >= 0) { // the focused token's position: a row and a column
-        ctx.strokeStyle = "#d35400"; ctx.lineWidth = 1;
+        ctx.strokeStyle = "#d35400";
         ctx.strokeRect(x0, top + mk * cell, S, cell); ctx.strokeRect(x0 + mk * cell, top, cell, S);
       }
-      const ty = top + S + 30;
-      ctx.fillStyle = "#1d2330"; ctx.font = `11px ${MONO}`;
-      ctx.fillText("the table, first 64 dims", x0, ty - 4);
-      ctx.drawImage(tb, x0, ty, S, tabH);
-      ctx.font = `12px ${MONO}`;
+      text(`the table, positions ${rows[0]}–${rows[Mt - 1]}`, x0, ty - 12, {size: 11, color: ink});
+      ctx.drawImage(tb, x0, ty);
+      xAxis(x0, ty + TH + 1, rowTicks, tcell, "position");
+      yAxis(x0 - 1, ty, dimTicks, dh, "dimension");
+      const mt = marked == null ? -1 : rows.indexOf(marked);
+      if (mt >= 0) { // a mark above the table's column, leaving its colours to be read
+        const x = x0 + mt * tcell + tcell / 2;
+        ctx.fillStyle = "#d35400";
+        ctx.beginPath(); ctx.moveTo(x - 4, ty - 6); ctx.lineTo(x + 4, ty - 6); ctx.lineTo(x, ty - 1); ctx.fill();
+      }
+      return {title, similarity: {x: x0, y: top, cell, size: S, x_axis: "position", y_axis: "position"},
+        table: {x: x0, y: ty, cw: tcell, ch: dh, cols: Mt, rows: nD, x_axis: "position", y_axis: "dimension",
+          scale: Number(tb.dataset.scale)}};
     });
-    ctx.fillStyle = "#5c6577"; ctx.font = `11px ${MONO}`;
-    ctx.fillText(`position × position cosine similarity, ${M} positions` +
-      (M > 2 && idx[1] - idx[0] > 1 ? ` (${idx[0]}, ${idx[1]}, ${idx[2]}, …)` : ""), pad, cv.height - 8);
+    const spaced = M > 2 && idx[1] - idx[0] > 1 ? ` (${idx[0]}, ${idx[1]}, ${idx[2]}, …)` : "";
+    [`matrices: the cosine of two position vectors, white = ${lo.toFixed(1)} … dark blue = 1,`,
+      `          over ${M} positions${spaced}`,
+      `tables: every position, ${which};`,
+      "        blue < 0 < red, the largest 2% of a table's |values| saturate",
+    ].forEach((s, k) => text(s, padL, H - 48 + 14 * k, {size: 10.5}));
+    cv.dataset.axes = JSON.stringify({panels: geometry, position_ticks: posTicks.map(([, s]) => Number(s)),
+      table_position_ticks: rowTicks.map(([, s]) => Number(s)), dimension_ticks: dimTicks.map(([, s]) => Number(s))});
     return cv;
   }
 
@@ -311,7 +385,9 @@
         "Each cell is the cosine between two position vectors. Sinusoids give a similarity that depends " +
         "only on the distance between positions (even bands along the diagonal); BERT learns its table " +
         "from data (reference 001 asks why), and what it learned is on the left: compare the diagonal " +
-        "band's width and regularity.")));
+        "band's width and regularity. Below each: the table itself at its first positions, every one " +
+        "(columns), over dimensions spread across all H (rows), each value its own pixels: the " +
+        "sinusoids' wavelength grows with the dimension; compare the rows BERT learned.")));
       figs = [dec].concat(pc ? [pc] : []);
     };
     draw();

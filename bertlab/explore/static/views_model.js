@@ -36,17 +36,18 @@
   // =============================================================================================
 
   // One line per token over layers 0..L of A (arr [L+1, T]); lines are .tok paths, so core links
-  // them; the focused token's line is redrawn on top (update).
-  function lineChart(A, title, what) {
+  // them; the focused token's line is redrawn on top (update). The focused token's label and the
+  // mean's label sit at their lines' right ends, pushed apart when they would overlap.
+  function lineChart(A, title) {
     const {data, shape: [N, T]} = BL.arr(A);
-    const W = 540, H = 250, m = {l: 46, r: 120, t: 30, b: 36};
+    const W = 540, H = 250, m = {l: 46, r: 120, t: 38, b: 36}, LABEL_GAP = 14;
     let lo = 0;
     for (const v of data) lo = Math.min(lo, v);
     lo = Math.floor(lo * 5) / 5;
     const x = l => m.l + l * (W - m.l - m.r) / Math.max(1, N - 1);
     const y = v => m.t + (1 - (v - lo) / (1 - lo)) * (H - m.t - m.b);
     const s = svgRoot(W, H, {class: "bl-lines"});
-    s.append(txt(m.l, 16, title, {"font-weight": 600, "font-size": 12}));
+    s.append(txt(m.l, 16, title, {class: "bl-title", "font-weight": 600, "font-size": 12}));
     for (let v = lo; v <= 1.0001; v += 0.2) {
       s.append(S("line", {x1: m.l, x2: W - m.r, y1: y(v), y2: y(v), stroke: v === 0 ? "#aab" : "#eceef2"}),
         txt(m.l - 6, y(v) + 4, v.toFixed(1), {"text-anchor": "end", fill: MUTED, "font-size": 10}));
@@ -69,19 +70,45 @@
     const mean = new Float32Array(N); // the mean over tokens, dashed
     for (let l = 0; l < N; l++) { for (let i = 0; i < T; i++) mean[l] += data[l * T + i] / T; }
     let md = ""; for (let l = 0; l < N; l++) md += `${l ? "L" : "M"}${x(l)},${y(mean[l])}`;
+    const meanLabel = txt(W - m.r + 6, y(mean[N - 1]) + 4, "mean of tokens", {class: "bl-mean-label", fill: INK,
+      "font-size": 10});
     s.append(S("path", {d: md, fill: "none", stroke: INK, "stroke-width": 1.5, "stroke-dasharray": "5 3",
-      "pointer-events": "none"}),
-      txt(W - m.r + 6, y(mean[N - 1]) + 4, "mean of tokens", {fill: INK, "font-size": 10}));
+      "pointer-events": "none"}), meanLabel);
     const hi = S("path", {fill: "none", stroke: FOCUS, "stroke-width": 2.6, "pointer-events": "none"});
-    const hiLabel = txt(W - m.r + 6, 0, "", {fill: FOCUS, "font-weight": 600, "font-family": MONO});
-    const hiNote = txt(m.l + 4, m.t - 2, "", {fill: FOCUS, "font-size": 10});
+    const hiLabel = txt(W - m.r + 6, 0, "", {class: "bl-focus-label", fill: FOCUS, "font-weight": 600,
+      "font-family": MONO});
+    const hiNote = txt(m.l + 4, m.t - 8, "", {class: "bl-focus-note", fill: FOCUS, "font-size": 10});
     s.append(hi, hiLabel, hiNote);
+    // the two labels' baselines: each beside its line's end, at least LABEL_GAP apart, inside the plot
+    const labelsAt = (v, mv) => {
+      let a = y(v) + 4, b = y(mv) + 4;
+      if (Math.abs(a - b) < LABEL_GAP) {
+        const mid = (a + b) / 2, up = v >= mv ? -1 : 1; // the larger value's label goes above
+        a = mid + up * LABEL_GAP / 2; b = mid - up * LABEL_GAP / 2;
+      }
+      const top = m.t + 6, bottom = H - m.b, shift = Math.max(0, top - Math.min(a, b)) -
+        Math.max(0, Math.max(a, b) - bottom);
+      return [a + shift, b + shift];
+    };
+    // the focused token's values, layer by layer; the middle ones give way to "…" on a deep model
+    const noteOf = i => {
+      const head = `${BL.clip(BL.tokenLabel(i), 16)} (${i}): `, vals = Array.from({length: N}, (_, l) =>
+        data[l * T + i].toFixed(2));
+      const text = vs => head + vs.join(" → ");
+      let shown = vals.slice();
+      while (shown.length > 3 && BL.textWidth(text(shown), 10, FONT) > W - m.l - 8) {
+        shown = vals.slice(0, Math.ceil((shown.length - 2) / 2)).concat(["…"],
+          vals.slice(N - Math.floor((shown.length - 2) / 2)));
+      }
+      return text(shown);
+    };
     const update = i => {
       hi.setAttribute("d", path(i));
-      hiLabel.setAttribute("y", y(data[(N - 1) * T + i]) - 6);
-      hiLabel.textContent = BL.tokenLabel(i).slice(0, 14);
-      hiNote.textContent = `${BL.tokenLabel(i).slice(0, 20)} (${i}): ${what} ` +
-        Array.from({length: N}, (_, l) => data[l * T + i].toFixed(2)).join(" → ");
+      const [a, b] = labelsAt(data[(N - 1) * T + i], mean[N - 1]);
+      hiLabel.setAttribute("y", a.toFixed(1));
+      meanLabel.setAttribute("y", b.toFixed(1));
+      hiLabel.textContent = BL.clip(BL.tokenLabel(i), 14);
+      hiNote.textContent = noteOf(i);
     };
     return {svg: s, update};
   }
@@ -126,7 +153,7 @@
     if (lab) {
       ctx.fillStyle = INK; ctx.textBaseline = "middle";
       idx.forEach((t, k) => {
-        const s = BL.tokenLabel(t).slice(0, 11);
+        const s = BL.clip(BL.tokenLabel(t), 11, false);
         ctx.textAlign = "right"; ctx.fillText(s, lab - 4, lab + k * cell + cell / 2);
         ctx.save(); ctx.translate(lab + k * cell + cell / 2, lab - 4); ctx.rotate(-Math.PI / 2);
         ctx.textAlign = "left"; ctx.fillText(s, 0, 0); ctx.restore();
@@ -224,7 +251,7 @@
           E("span", {class: "piece"}, piece), " ", E("span", {class: "num muted"}, BL.fmt(pr, 3))));
         const x0 = 70 + 110 * k, y0 = 24 + 20 * l;
         s.append(S("rect", {x: x0, y: y0 + 2, width: 104 * pr, height: 16, fill: SOFT}),
-          txt(x0 + 3, y0 + 14, `${piece.slice(0, 10)} ${BL.fmt(pr, 2)}`, {"font-family": MONO, "font-size": 10,
+          txt(x0 + 3, y0 + 14, `${BL.clip(piece, 10, false)} ${BL.fmt(pr, 2)}`, {"font-family": MONO, "font-size": 10,
             "font-weight": id === own ? 700 : 400}));
       }
       table.append(tr);
@@ -236,10 +263,8 @@
     id: "layers", title: "Layers: each token's vector through depth", order: 40,
     render(container, p) {
       const v = this;
-      const self = lineChart(p.layers.self_similarity, "Similarity to its own input: cos(hₗ(t), h₀(t))",
-        "self-similarity");
-      const mean = lineChart(p.layers.mean_similarity, "Mean similarity to the other tokens at layer l",
-        "mean similarity");
+      const self = lineChart(p.layers.self_similarity, "Similarity to its own input: cos(hₗ(t), h₀(t))");
+      const mean = lineChart(p.layers.mean_similarity, "Mean similarity to the other tokens at layer l");
       const box = E("div", {id: "layers-view"});
       box.append(E("p", {class: "note"}, "Each line is one token. Left: how far its vector moves from the " +
         "embedding it started as. Right: how alike the tokens become with depth (the mean cosine to the " +
@@ -477,7 +502,7 @@
 
   // Horizontal bars, one per item {label, value (0..1), note}; the largest is drawn in the accent.
   function bars(title, items) {
-    const lw = Math.max(60, ...items.map(it => it.label.length * CH + 12));
+    const lw = Math.max(60, ...items.map(it => BL.chars(it.label).length * CH + 12));
     const W = lw + 400, H = 28 + 22 * items.length;
     const s = svgRoot(W, H), best = Math.max(...items.map(it => it.value));
     s.append(txt(4, 15, title, {"font-weight": 600, "font-size": 12}));
@@ -500,7 +525,7 @@
     const rowH = under ? 42 : 26;
     for (let i = 0; i < T; i++) {
       const s = BL.tokenLabel(i), u = under ? under(i) : null;
-      const w = Math.max(s.length * 7.3, u ? u.text.length * 5.9 : 0) + 12; // 12px mono, 9.5px sans
+      const w = Math.max(BL.chars(s).length * 7.3, u ? BL.chars(u.text).length * 5.9 : 0) + 12; // 12px mono, 9.5px sans
       if (x + w > W) { x = 4; y += rowH + 4; }
       items.push({i, s, u, x, y, w});
       x += w + 4;
