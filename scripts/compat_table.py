@@ -1,11 +1,11 @@
-"""The README's "Coming from transformers" table, generated from the snippets that
+"""The "Coming from transformers" guide's table, generated from the snippets that
 tests/test_transformers_compat.py runs with transformers and with bertlab.
 
     python scripts/compat_table.py            # print the table
-    python scripts/compat_table.py --check    # exit 1 if README.md's table or count differs
-    python scripts/compat_table.py --write    # write the table and the count into README.md
+    python scripts/compat_table.py --check    # exit 1 if the guide's table or count differs
+    python scripts/compat_table.py --write    # write the table and the count into the guide
 
-The table sits in README.md between the marker comments below. A row says "same result" only
+The table sits in the guide between the marker comments below. A row says "same result" only
 for a snippet whose two results the test compares equal; a deliberate difference or a snippet
 still pending says what differs.
 """
@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
+GUIDE = ROOT / "docs" / "guides" / "from-transformers.md"
 TESTS = ROOT / "tests" / "test_transformers_compat.py"
 START = "<!-- compat-table:start -->"
 END = "<!-- compat-table:end -->"
@@ -59,43 +59,43 @@ def table(sections, snippets, pending=()) -> str:
     return "\n".join(rows)
 
 
-def readme_table(text: str) -> str:
-    """The text between the README's markers, without the blank lines around it."""
+def guide_table(text: str) -> str:
+    """The text between the guide's markers, without the blank lines around it."""
     if text.count(START) != 1 or text.count(END) != 1:
-        raise ValueError(f"README.md must hold {START} and {END} once each")
+        raise ValueError(f"the guide must hold {START} and {END} once each")
     return text.split(START, 1)[1].split(END, 1)[0].strip("\n")
 
 
 def with_table(text: str, generated: str, count: int) -> str:
     """``text`` with ``generated`` between the markers and the paragraph's count of snippets
     ("N snippets, each run") set to ``count``."""
-    readme_table(text)  # checks the markers
+    guide_table(text)  # checks the markers
     head, rest = text.split(START, 1)
     tail = rest.split(END, 1)[1]
     head, n = COUNT.subn(f"{count} snippets, each run", head)
     if n != 1:
-        raise ValueError("README.md's paragraph before the table must say 'N snippets, each run'")
+        raise ValueError("the guide's paragraph before the table must say 'N snippets, each run'")
     return f"{head}{START}\n{generated}\n{END}{tail}"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--check", action="store_true", help="exit 1 if README.md's table differs")
-    mode.add_argument("--write", action="store_true", help="write the table into README.md")
+    mode.add_argument("--check", action="store_true", help="exit 1 if the guide's table differs")
+    mode.add_argument("--write", action="store_true", help="write the table into the guide")
     args = parser.parse_args(argv)
     sections, snippets, pending = load_snippets()
     generated = table(sections, snippets, pending)
-    text = README.read_text(encoding="utf-8")
+    text = GUIDE.read_text(encoding="utf-8")
     if args.check:
         if with_table(text, generated, len(snippets)) != text:
-            print("README.md's compat table is stale: run python scripts/compat_table.py --write")
+            print("the guide's compat table is stale: run python scripts/compat_table.py --write")
             return 1
-        print(f"README.md's compat table matches the {len(snippets)} snippets")
+        print(f"the guide's compat table matches the {len(snippets)} snippets")
         return 0
     if args.write:
-        README.write_text(with_table(text, generated, len(snippets)), encoding="utf-8")
-        print(f"wrote the table of {len(snippets)} snippets into README.md")
+        GUIDE.write_text(with_table(text, generated, len(snippets)), encoding="utf-8")
+        print(f"wrote the table of {len(snippets)} snippets into the guide")
         return 0
     print(generated)
     return 0

@@ -9,7 +9,7 @@ comparison (``differences``). A snippet with a ``difference`` shows a deliberate
 instead, and its ``check`` asserts that difference explicitly. ``PENDING`` holds the snippets
 that do not give the same result yet: they are not run, and each says what differs.
 
-The README's "Coming from transformers" table is generated from ``SNIPPETS`` by
+The table of docs/guides/from-transformers.md is generated from ``SNIPPETS`` by
 ``scripts/compat_table.py``, and ``test_readme_table_is_generated_from_the_snippets`` keeps the
 two equal, so the table never claims more than these tests show.
 
@@ -45,7 +45,7 @@ class Snippet:
     the code (its objects shared, read-only, by the snippets that name it); ``difference`` is
     the one-line deliberate difference the snippet shows, asserted by ``check(hf, bl)``
     (``hf`` is the exception when the transformers run raises); ``pending`` says what still
-    differs, for the snippets in ``PENDING``. ``what`` is the snippet's cell in the README."""
+    differs, for the snippets in ``PENDING``. ``what`` is the snippet's cell in the table."""
 
     id: str
     section: str
@@ -1112,7 +1112,7 @@ result = ner("John Smith lives in New York and works for Acme Corporation.")
     ),
 ]
 
-# Snippets that do not pass yet: not run; each names what differs. The README table lists
+# Snippets that do not pass yet: not run; each names what differs. The guide's table lists
 # them as "not yet the same".
 PENDING: list[Snippet] = []
 
@@ -1411,10 +1411,10 @@ def load_table_script():
 
 def test_readme_table_is_generated_from_the_snippets():
     script = load_table_script()
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    readme = (ROOT / "docs" / "guides" / "from-transformers.md").read_text(encoding="utf-8")
     generated = script.table(SECTIONS, SNIPPETS, PENDING)
-    assert script.readme_table(readme) == generated, (
-        "README.md's compat table is stale: run python scripts/compat_table.py --write"
+    assert script.guide_table(readme) == generated, (
+        "the guide's compat table is stale: run python scripts/compat_table.py --write"
     )
     # The paragraph above the table gives the number of snippets run.
     words = " ".join(readme.split())
