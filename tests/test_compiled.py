@@ -273,7 +273,7 @@ def test_compiled_takes_only_a_bertlab_model():
 
 
 def test_pipelines_refuse_a_compile_that_is_not_a_bool():
-    """(pipeline(..., compile=True) itself runs in tests/test_readme.py, as the README shows it)"""
+    """(pipeline(..., compile=True) itself runs in tests/test_pipeline_compile.py)"""
     from bertlab import pipeline
 
     with pytest.raises(TypeError, match="compile must be True or False, got 'yes'"):

@@ -1,6 +1,6 @@
 """Where the time goes in one short sentence (batch 1) through the bundled model: the median
 latency over 200 calls and torch.profiler's operator table over 50. Prints both; the before and
-after of the batch-1 work are kept in benchmarks/ (batch1-profile-*.txt).
+after of the batch-1 work are kept in benchmarks/ (profile-batch1-*.txt).
 
     python benchmarks/harness/profile_batch1.py [--threads 2] [--dtype float32|bfloat16|int8]
         [--compiled] [--batch 1]

@@ -1,7 +1,7 @@
 """Where a 256-sentence embedding request's time goes in ``bertlab serve``: the model's batch
 (``ServedModel.forward``) split into its parts, and the request's own CPU work beside it
 (tokenizing, finishing the vectors, writing the JSON answer). The output of one run is kept in
-benchmarks/serve-batch256-parts.txt (Intel Xeon) and serve-batch256-parts-epyc.txt (AMD EPYC).
+benchmarks/profile-serve-batch-<cpu class>.txt, one file per class of CPU.
 int8 is the uncompiled int8 server's model, calibrated on the bundled sample.
 
     python benchmarks/harness/profile_serve_batch.py [--dtype bfloat16|float32|int8] [--threads 2]

@@ -1,5 +1,6 @@
 """bertlab's HTTP server against other embedding servers, under the same load: the comparison
-behind the serve-cpu*.json records (``bertlab bench serve`` measures bertlab's server alone).
+behind the serve-<cpu class>-<precision>.json records (``bertlab bench serve`` measures
+bertlab's server alone).
 
     python benchmarks/harness/serve_peers.py [--systems bertlab,fastapi-st,infinity]
         [--infinity-venv PATH] [the options of bertlab bench serve]
