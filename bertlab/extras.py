@@ -26,6 +26,8 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "serve-bench": ("starlette", "uvicorn", "orjson", "httpx", "matplotlib"),
     "export": ("onnx", "onnxscript", "onnxruntime"),
     "parquet": ("pyarrow",),
+    "zstd": ("zstandard",),
+    "ray": ("ray",),
 }
 
 

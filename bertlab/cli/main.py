@@ -257,19 +257,30 @@ def cmd_train_vocab(args: argparse.Namespace) -> int:
 def cmd_prepare(args: argparse.Namespace) -> int:
     from bertlab.data.corpus import prepare, read_meta
 
-    out = prepare(
-        args.files,
-        args.model,
-        args.output,
-        max_seq_length=args.max_seq_length,
-        short_seq_prob=args.short_seq_prob,
-        dupe_factor=args.dupe_factor,
-        nsp=not args.no_nsp,
-        seed=args.seed,
-        workers=args.workers,
-        shard_size=args.shard_size,
-        overwrite=args.overwrite,
-    )
+    try:
+        out = prepare(
+            args.files,
+            args.model,
+            args.output,
+            max_seq_length=args.max_seq_length,
+            short_seq_prob=args.short_seq_prob,
+            dupe_factor=args.dupe_factor,
+            nsp=not args.no_nsp,
+            seed=args.seed,
+            workers=args.workers,
+            shard_size=args.shard_size,
+            overwrite=args.overwrite,
+            resume=args.resume,
+            text_column=args.text_column,
+            text_field=args.text_field,
+        )
+    except KeyboardInterrupt:
+        print(
+            f"\ninterrupted; the shards written so far are kept in {args.output}; continue "
+            "with the same command and --resume",
+            file=sys.stderr,
+        )
+        return 130
     meta = read_meta(out)
     print(
         f"wrote {out}: {meta['num_examples']:,} examples, {meta['num_tokens']:,} tokens "
@@ -387,7 +398,12 @@ def build_parser() -> argparse.ArgumentParser:
     tv.set_defaults(func=cmd_train_vocab)
 
     prep = sub.add_parser("prepare", help="raw text -> sentence-pair shards for pre-training")
-    prep.add_argument("files", nargs="+", help="text, WikiText (.tokens) or JSON-lines files")
+    prep.add_argument(
+        "files",
+        nargs="+",
+        help="text, WikiText (.tokens) or JSON-lines files, raw or .gz/.zst; Parquet files; Arrow "
+        "datasets (datasets' save_to_disk folders); folders of Parquet files; or globs of these",
+    )
     prep.add_argument("-o", "--output", required=True, help="folder for the shards")
     prep.add_argument("--model", default=BUNDLED_NAMES[0], help="folder with the vocabulary")
     prep.add_argument("--max-seq-length", type=int, default=128)
@@ -397,7 +413,12 @@ def build_parser() -> argparse.ArgumentParser:
     prep.add_argument("--seed", type=int, default=12345)
     prep.add_argument("--workers", type=int, default=1)
     prep.add_argument("--shard-size", type=int, default=100_000, help="examples per shard")
+    prep.add_argument("--text-column", default="text", help="Parquet and Arrow: the text column")
+    prep.add_argument("--text-field", default="text", help="JSON lines: the text field")
     prep.add_argument("--overwrite", action="store_true")
+    prep.add_argument(
+        "--resume", action="store_true", help="continue an interrupted preparation in --output"
+    )
     prep.set_defaults(func=cmd_prepare)
 
     add_task_parsers(sub)

@@ -26,13 +26,14 @@ last: a folder without it is an unfinished preparation, which ``PretrainingCorpu
 
 from __future__ import annotations
 
+import itertools
 import json
 import multiprocessing
 import os
 import random
 import re
 import time
-from collections import namedtuple
+from collections import deque, namedtuple
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
@@ -40,12 +41,25 @@ import numpy as np
 import torch
 
 from bertlab.data.batch import pad
+from bertlab.data.readers import (
+    BLOCK_BYTES,
+    BOUNDARY,
+    Block,
+    Source,
+    _split_suffix,
+    blocks,
+    detect_layout,
+    documents,
+    find_sources,
+    open_binary,
+    parse_lines,
+)
 from bertlab.files import atomic_write
 from bertlab.progress import Progress
 from bertlab.tokenizer import BertTokenizer
 
 FORMAT, VERSION = "bertlab-pretraining-corpus", 1
-BLOCK_BYTES = 1 << 20
+PROGRESS = "progress.json"  # an unfinished preparation's resume point, removed at the end
 STATS = (
     "documents",
     "documents_skipped",
@@ -54,44 +68,13 @@ STATS = (
     "chunks_dropped",
 )
 
+
 # ============================================================================ reading
-_TITLE = re.compile(r"= (?!=)(?:.*[^=])? =")  # " = Title = " once stripped, not " = = Sub = = "
-_SUBTITLE = re.compile(r"=(?: =)+ .* =(?: =)+")
-_TITLE_BYTES = re.compile(_TITLE.pattern.encode())
-# Lines where a block may begin: where a document can start. Tested on bytes with ASCII rules,
-# so every line accepted here is a document boundary for the readers too.
-_BOUNDARY = {
-    "plain": lambda raw: not raw.strip(),
-    "wikitext": lambda raw: _TITLE_BYTES.fullmatch(raw.strip()) is not None,
-    "jsonl": lambda raw: True,
-}
-
-
-def detect_layout(path: str | os.PathLike) -> str:
-    """The layout of a text file: ``jsonl`` (``.jsonl``: one document per line, in its "text"
-    field, paragraphs on newlines), ``wikitext`` (``.tokens``, or a `` = Title = `` line among
-    the first 20 non-blank ones: a title starts a document, `` = = Sub = = `` headings and blank
-    lines are dropped) or ``plain`` (a sentence or paragraph per line, blank lines between
-    documents)."""
-    path = Path(path)
-    if path.suffix in (".jsonl", ".tokens"):
-        return "jsonl" if path.suffix == ".jsonl" else "wikitext"
-    with open(path, "rb") as f:  # 64 KiB are enough to see a heading
-        head = [line for line in (x.strip() for x in f.read(1 << 16).split(b"\n")) if line]
-    return "wikitext" if any(_TITLE_BYTES.fullmatch(x) for x in head[:20]) else "plain"
-
-
-def _line_number(path: Path, pos: int) -> int:
-    """The number (from 1) of the line that starts at byte ``pos``; counted for errors only."""
-    with open(path, "rb") as f:
-        return 1 + sum(f.read(min(1 << 20, pos - i)).count(b"\n") for i in range(0, pos, 1 << 20))
-
-
-def _lines(path: Path, layout: str, start: int, end: int | None) -> Iterator[tuple[int, str]]:
-    """(byte position, text) of the lines from the first boundary line at or after ``start``
-    (the file's start for 0) to the first one at or after ``end``, exclusive: consecutive ranges
-    read each line once. Strict UTF-8, line by line; an invalid line names file and line."""
-    boundary = _BOUNDARY[layout]
+def _lines(path: Path, layout: str, start: int, end: int | None) -> Iterator[tuple[int, bytes]]:
+    """(byte position, raw line) of the lines from the first boundary line at or after
+    ``start`` (the file's start for 0) to the first one at or after ``end``, exclusive:
+    consecutive ranges read each line once."""
+    boundary = BOUNDARY[layout]
     with open(path, "rb") as f:
         pos = 0
         if start > 0:
@@ -101,54 +84,49 @@ def _lines(path: Path, layout: str, start: int, end: int | None) -> Iterator[tup
         while start > 0 and raw and not boundary(raw):
             pos, raw = pos + len(raw), f.readline()
         while raw and not (end is not None and pos >= end and boundary(raw)):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise ValueError(
-                    f"{path}, line {_line_number(path, pos)}: invalid UTF-8 at byte "
-                    f"{pos + e.start} of the file: {raw[:60]!r}"
-                ) from None
-            yield pos, line.removeprefix("\ufeff") if pos == 0 else line
+            yield pos, raw
             pos, raw = pos + len(raw), f.readline()
 
 
+def _line_number(path: Path, pos: int) -> int:
+    """The number (from 1) of the line that starts at byte ``pos``; counted for errors only."""
+    with open(path, "rb") as f:
+        return 1 + sum(f.read(min(1 << 20, pos - i)).count(b"\n") for i in range(0, pos, 1 << 20))
+
+
 def read_documents(
-    path: str | os.PathLike, layout: str | None = None, start: int = 0, end: int | None = None
+    path: str | os.PathLike,
+    layout: str | None = None,
+    start: int = 0,
+    end: int | None = None,
+    field: str = "text",
 ) -> Iterator[list[str]]:
-    """Stream the documents of a text file (layouts: ``detect_layout``), each as its paragraphs:
-    stripped, non-empty lines; ``[]`` for a document without text. ``start``/``end`` (bytes)
-    keep the documents that begin in that range, moved to boundaries; default: the whole file."""
-    path, doc = Path(path), None
+    """Stream the documents of a text file (layouts: ``detect_layout``; gzip or zstd
+    compressed too), each as its paragraphs: stripped, non-empty lines; ``[]`` for a document
+    without text. ``start``/``end`` (bytes, of an uncompressed file) keep the documents that
+    begin in that range, moved to boundaries; default: the whole file. ``field``: the text's
+    field in JSON lines."""
+    path = Path(path)
     layout = layout or detect_layout(path)
-    if layout not in _BOUNDARY:
-        raise ValueError(f"layout {layout!r} is not one of {list(_BOUNDARY)}")
-    for pos, line in _lines(path, layout, start, end):
-        text = line.strip()
-        if layout == "jsonl" and text:
-            try:
-                record = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}, line {_line_number(path, pos)}: not JSON: {e}") from None
-            if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-                raise ValueError(
-                    f"{path}, line {_line_number(path, pos)}: expected an object "
-                    f"with a string 'text' field, got {text[:60]!r}"
-                )
-            yield [p.strip() for p in record["text"].split("\n") if p.strip()]
-        elif layout == "plain" and not text and doc is not None:  # a blank line ends a document
-            yield doc
-            doc = None
-        elif layout == "wikitext" and _TITLE.fullmatch(text):  # its title is not running text
-            if doc is not None:
-                yield doc
-            doc = []
-        elif layout == "wikitext" and _SUBTITLE.fullmatch(text):
-            continue  # section headings are not running text either
-        elif text and layout != "jsonl":
-            doc = [] if doc is None else doc  # (text before WikiText's first title: a document)
-            doc.append(text)
-    if doc is not None:
-        yield doc
+    if layout not in BOUNDARY:
+        raise ValueError(f"layout {layout!r} is not one of {list(BOUNDARY)}")
+    source = Source(str(path), "text", layout, _split_suffix(path)[1], field)
+    if source.compression is None:
+        lines = _lines(path, layout, start, end)
+        yield from parse_lines(lines, layout, str(path), lambda p: _line_number(path, p), field)
+        return
+    if (start, end) != (0, None):
+        raise ValueError(f"{path} is compressed: it is read from its start to its end only")
+    at = {"line": 0}
+
+    def numbered(f) -> Iterator[tuple[int, bytes]]:
+        pos = 0
+        for at["line"], raw in enumerate(f, 1):
+            yield pos, raw
+            pos += len(raw)
+
+    with open_binary(path, source.compression) as f:
+        yield from parse_lines(numbered(f), layout, str(path), lambda _: at["line"], field)
 
 
 # ============================================================================ sentences
@@ -274,23 +252,22 @@ def _singles(doc: list, rng: random.Random, limit: int, short_seq_prob: float):
 
 
 # ============================================================================ one block
-# One block of one file, and the settings: all that a worker process receives.
+# One block of one source, and the settings: all that a worker process receives.
 _Job = namedtuple(
-    "_Job",
-    "file_index block_index path layout start end vocab_dir max_seq_length "
-    "short_seq_prob dupe_factor nsp seed dtype",
+    "_Job", "block vocab_dir max_seq_length short_seq_prob dupe_factor nsp seed dtype"
 )
 _TOKENIZERS: dict[str, BertTokenizer] = {}  # one per process, loaded for its first block
 
 
 def _run_block(job: _Job) -> tuple:
-    """Read, split, tokenize and pair the documents of one block. Returns the ids of all its
+    """Split, tokenize and pair the documents of one block. Returns the ids of all its
     examples concatenated (N,), lengths (n,) int64, sep (n,) int32, nsp (n,) int8, stats."""
     if job.vocab_dir not in _TOKENIZERS:
         _TOKENIZERS[job.vocab_dir] = BertTokenizer.from_pretrained(job.vocab_dir)
     tok = _TOKENIZERS[job.vocab_dir]
+    block = job.block
     sentences, counts = [], []
-    for paragraphs in read_documents(job.path, job.layout, job.start, job.end):
+    for paragraphs in documents(block):
         before = len(sentences)
         for paragraph in paragraphs:
             sentences += split_sentences(paragraph)
@@ -320,7 +297,7 @@ def _run_block(job: _Job) -> tuple:
     for dupe in range(job.dupe_factor):
         for d in range(len(docs)):
             # Seeded by what names the document, never by the process that happens to read it.
-            rng = random.Random(f"{job.seed}/{dupe}/{job.file_index}/{job.block_index}/{d}")
+            rng = random.Random(f"{job.seed}/{dupe}/{block.file_index}/{block.block_index}/{d}")
             if job.nsp:
                 pairs = _pairs(docs, d, rng, job.max_seq_length - 3, job.short_seq_prob, stats)
             else:
@@ -364,6 +341,56 @@ def _write_shard(out: Path, k: int, examples: list[tuple[np.ndarray, int, int]])
 
 
 # ============================================================================ prepare
+def _in_order(jobs: Iterator[_Job], workers: int) -> Iterator[tuple[_Job, tuple]]:
+    """Each job with its result, in the jobs' order. ``workers`` > 1: spread over spawned
+    processes, at most two jobs per process given out ahead (blocks are read as they are
+    needed: the memory of a preparation does not grow with the corpus); one job alone, or
+    ``workers`` 1: computed here."""
+    first = list(itertools.islice(jobs, 2))
+    if workers == 1 or len(first) < 2:
+        for job in itertools.chain(first, jobs):
+            yield job, _run_block(job)
+        return
+    # Spawned, not forked, processes: a fork would not carry the tokenizer engine's threads over.
+    pool = multiprocessing.get_context("spawn").Pool(workers)
+    try:
+        window: deque = deque()
+        for job in itertools.chain(first, jobs):
+            window.append((job, pool.apply_async(_run_block, (job,))))
+            if len(window) > 2 * workers:
+                job, result = window.popleft()
+                yield job, result.get()
+        while window:
+            job, result = window.popleft()
+            yield job, result.get()
+    finally:
+        pool.terminate()  # all results are in, or a block failed
+
+
+def _resume_point(out: Path, manifest: dict) -> dict:
+    """progress.json of an interrupted preparation in ``out``, checked against ``manifest``."""
+    path = out / PROGRESS
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"cannot resume: {out} holds no {PROGRESS} (a preparation that stopped before its "
+            "first shard, or one by an older version); pass overwrite=True to start over"
+        )
+    progress = json.loads(path.read_text("utf-8"))
+    have = progress.get("manifest", {})
+    changed = [
+        f"{key} {have.get(key)!r} then, {value!r} now"
+        for key, value in manifest.items()
+        if have.get(key) != value
+    ]
+    if changed:
+        raise ValueError(
+            f"cannot resume: {out} was prepared from other inputs or settings ("
+            + "; ".join(changed)
+            + "); run as before, or pass overwrite=True to start over"
+        )
+    return progress
+
+
 def prepare(
     inputs: str | os.PathLike | Iterable[str | os.PathLike],
     vocab_dir: str | os.PathLike,
@@ -378,18 +405,23 @@ def prepare(
     workers: int = 1,
     progress: bool = True,
     overwrite: bool = False,
+    resume: bool = False,
     block_bytes: int = BLOCK_BYTES,
+    text_column: str = "text",
+    text_field: str = "text",
 ) -> Path:
-    """Turn text files into a pre-training corpus in ``output_dir`` (returned; format and recipe
-    in the module docstring), reading the corpus ``dupe_factor`` times. ``workers`` > 1 spreads
-    the blocks over spawned processes (call it under ``if __name__ == "__main__":``) with the
-    same result; ``block_bytes`` sets the blocks and so the random choices. A folder holding a
-    prepared corpus, or part of one, is refused unless ``overwrite``."""
-    files = [Path(inputs)] if isinstance(inputs, (str, os.PathLike)) else list(map(Path, inputs))
-    for path in files:
-        if not path.is_file():
-            raise FileNotFoundError(f"no input file at {path}")
-    if not files:
+    """Turn a corpus into a pre-training corpus in ``output_dir`` (returned; format and recipe
+    in the module docstring), reading it ``dupe_factor`` times. ``inputs``: files, folders or
+    globs of text (plain, WikiText, JSON lines; gzip or zstd compressed too), Parquet files or
+    Arrow datasets (bertlab.data.readers); ``text_column`` names a table's text column,
+    ``text_field`` the text's field in JSON lines. ``workers`` > 1 spreads the blocks over
+    spawned processes (call it under ``if __name__ == "__main__":``) with the same result;
+    ``block_bytes`` sets the blocks and so the random choices. A folder holding a prepared
+    corpus, or part of one, is refused unless ``overwrite``; ``resume`` continues an
+    interrupted preparation from its last shard, with the same result as one uninterrupted run
+    (the inputs and settings must be those it started with)."""
+    entries = [inputs] if isinstance(inputs, (str, os.PathLike)) else list(inputs)
+    if not entries:
         raise ValueError("prepare needs at least one input file")
     if not 0.0 <= short_seq_prob <= 1.0:
         raise ValueError(f"short_seq_prob must be in [0, 1], got {short_seq_prob!r}")
@@ -403,11 +435,20 @@ def prepare(
     ):
         if not isinstance(value, int) or value < least:
             raise ValueError(f"{name} must be an integer of at least {least}, got {value!r}")
+    if resume and overwrite:
+        raise ValueError("resume and overwrite contradict each other: give one")
+    sources = find_sources(entries, text_column=text_column, text_field=text_field)
     out = Path(output_dir)
-    if not overwrite and ((out / "meta.json").exists() or any(out.glob("shard_*.npy"))):
+    started_before = (out / PROGRESS).exists() or any(out.glob("shard_*.npy"))
+    if (out / "meta.json").exists() and not overwrite:
         raise FileExistsError(
             f"{out} already holds a prepared corpus (or part of one); pass "
             "overwrite=True to replace it"
+        )
+    if started_before and not (overwrite or resume):
+        raise FileExistsError(
+            f"{out} already holds a prepared corpus (or part of one); pass "
+            "overwrite=True to replace it, or resume=True to continue it"
         )
 
     tok = BertTokenizer.from_pretrained(vocab_dir)
@@ -421,53 +462,94 @@ def prepare(
         dupe_factor=dupe_factor,
         dtype="uint16" if vocab_size < 65536 else "int32",
     )
-    sources = [
-        {"path": str(p), "bytes": p.stat().st_size, "layout": detect_layout(p)} for p in files
-    ]
-    jobs = [
-        _Job(i, k, s["path"], s["layout"], k * block_bytes, (k + 1) * block_bytes, **settings)
-        for i, s in enumerate(sources)
-        for k in range(max(1, -(-s["bytes"] // block_bytes)))
-    ]
-    totals, shards, pending = dict.fromkeys(STATS, 0), [], []
-    examples = tokens = files_done = 0
+    manifest = {
+        **settings,
+        "block_bytes": block_bytes,
+        "shard_size": shard_size,
+        "inputs": [s.stamp() for s in sources],
+    }
+    # Where the work starts: block `begin` (counted over all sources), its first `skip`
+    # examples already in the shards, whose blocks' stats are `totals`.
+    totals, shards, begin, skip = dict.fromkeys(STATS, 0), [], 0, 0
+    if resume and started_before:
+        point = _resume_point(out, manifest)
+        shards, totals, begin, skip = (point[k] for k in ("shards", "totals", "block", "skip"))
+        for name in {p.name.split(".")[0] for p in out.glob("shard_*.npy")}:
+            if int(name.removeprefix("shard_")) >= len(shards):  # written after the record
+                for stale in out.glob(f"{name}.*.npy"):
+                    stale.unlink()
+
+    def all_blocks() -> Iterator[Block]:
+        for i, source in enumerate(sources):
+            yield from blocks(source, i, block_bytes)
+
+    numbered = itertools.islice(enumerate(all_blocks()), begin, None)
+    jobs = (_Job(block, **settings) for _, block in numbered)
+    # The examples not yet in a shard, and per block (from the first with examples left, in
+    # order): [its number, examples left, its stats]; a block's stats join the totals when
+    # its last example is in a shard, so that a resumed run counts every block once.
+    pending: list = []
+    waiting: deque = deque()
     status = Progress() if progress else None  # rewritten in place on a terminal only
     started = shown = time.perf_counter()
-    # Spawned, not forked, processes: a fork would not carry the tokenizer engine's threads over.
-    n = min(workers, len(jobs))
-    pool = multiprocessing.get_context("spawn").Pool(n) if n > 1 else None
-    results = pool.imap(_run_block, jobs) if pool else map(_run_block, jobs)
+    tokens, seq = 0, begin  # seq: the number of the next block
+
+    def write(examples: list) -> None:
+        if not shards:  # the output starts with the first shard, never before
+            out.mkdir(parents=True, exist_ok=True)
+            for old in (out / "meta.json", out / PROGRESS, *out.glob("shard_*.npy")):
+                old.unlink(missing_ok=True)  # meta.json first: now "unfinished"
+        shards.append(_write_shard(out, len(shards), examples))
+        n = len(examples)
+        for entry in waiting:  # the blocks whose examples these are, first first
+            took = min(n, entry[1])
+            entry[1], n = entry[1] - took, n - took
+        while waiting and waiting[0][1] == 0:
+            for key, value in waiting.popleft()[2].items():
+                totals[key] += value
+
+    def record() -> None:
+        """progress.json after each shard: where a resumed run starts."""
+        point = {
+            "manifest": manifest,
+            "shards": shards,
+            "totals": totals,
+            "block": waiting[0][0] if waiting else seq,
+            "skip": waiting[0][3] - waiting[0][1] if waiting else 0,
+        }
+        text = json.dumps(point, indent=1) + "\n"
+        atomic_write(out / PROGRESS, lambda p: Path(p).write_text(text, "utf-8"))
+
     try:
-        for done, (job, result) in enumerate(zip(jobs, results, strict=True), 1):
+        for job, result in _in_order(jobs, workers):
             ids, lengths, sep, nsp_, stats = result
+            examples = list(zip(np.split(ids, np.cumsum(lengths))[:-1], sep, nsp_, strict=True))
+            first = skip if seq == begin else 0  # examples of a resumed block already written
+            pending += examples[first:]
+            # [its number, examples not yet in a shard, its stats, its examples]
+            waiting.append([seq, len(examples) - first, stats, len(examples)])
+            seq, tokens = seq + 1, tokens + int(lengths.sum())
+            while len(pending) >= shard_size:
+                write(pending[:shard_size])
+                del pending[:shard_size]
+                record()
+            if status is not None and time.perf_counter() - shown > 0.2:
+                shown = time.perf_counter()
+                status.update(
+                    f"prepare: file {job.block.file_index + 1}/{len(sources)}, "
+                    f"{seq:,} blocks, {tokens / (shown - started):,.0f} tokens/s"
+                )
+        if pending:
+            write(pending)
+        for _, _, stats, _ in waiting:  # blocks without examples at the end
             for key, value in stats.items():
                 totals[key] += value
-            examples, tokens = examples + len(lengths), tokens + len(ids)
-            files_done += job.start + block_bytes >= sources[job.file_index]["bytes"]
-            pending += zip(np.split(ids, np.cumsum(lengths))[:-1], sep, nsp_, strict=True)
-            while len(pending) >= shard_size or (done == len(jobs) and pending):
-                if not shards:  # the output starts with the first shard, never before
-                    out.mkdir(parents=True, exist_ok=True)
-                    (out / "meta.json").unlink(missing_ok=True)  # first: now "unfinished"
-                    for old in out.glob("shard_*.npy"):
-                        old.unlink()
-                shards.append(_write_shard(out, len(shards), pending[:shard_size]))
-                del pending[:shard_size]
-            if status is not None and (time.perf_counter() - shown > 0.2 or done == len(jobs)):
-                shown = time.perf_counter()
-                rate = tokens / (shown - started)
-                status.update(
-                    f"prepare: files {files_done}/{len(files)}, blocks {done}/"
-                    f"{len(jobs)}, {examples:,} examples, {rate:,.0f} tokens/s"
-                )
     finally:
         if status is not None:
             status.close()
-        if pool:
-            pool.terminate()  # all results are in, or a block failed
     if not shards:
         raise ValueError(
-            f"no examples could be made from {', '.join(map(str, files))}: "
+            f"no examples could be made from {', '.join(s.path for s in sources)}: "
             f"{totals['documents']} documents with text, {totals['documents_skipped']} empty "
             f"ones skipped, {totals['chunks_dropped']} too short to make a sentence pair (one "
             "token, and no other document to pair it with); is the corpus empty?"
@@ -482,14 +564,15 @@ def prepare(
         "pad_token_id": tok.pad_token_id,
         **settings,
         "block_bytes": block_bytes,
-        "num_examples": examples,
-        "num_tokens": tokens,
+        "num_examples": sum(s["examples"] for s in shards),
+        "num_tokens": sum(s["tokens"] for s in shards),
         **totals,
         "shards": shards,
-        "inputs": sources,
+        "inputs": [s.describe() for s in sources],
     }
     text = json.dumps(meta, indent=2) + "\n"
     atomic_write(out / "meta.json", lambda p: Path(p).write_text(text, "utf-8"))
+    (out / PROGRESS).unlink(missing_ok=True)
     return out
 
 
