@@ -14,19 +14,12 @@ from bertlab.nn.config import PRESETS
 
 
 def cmd_pretrain(args: argparse.Namespace) -> int:
-    import os
-
+    from bertlab.distributed import launched, start
     from bertlab.train.loop import TrainConfig, TrainingInterrupted
     from bertlab.train.pretrain import PretrainConfig, pretrain
 
-    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1  # launched by torchrun
-    device = args.device
-    if distributed:
-        local = int(os.environ.get("LOCAL_RANK", "0"))
-        if device == "cuda":
-            device = f"cuda:{local}"
-            torch.cuda.set_device(local)
-        torch.distributed.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+    distributed = launched()  # by torchrun: one process of several
+    device = start(args.device, args.dist_timeout) if distributed else args.device
     try:
         steps = args.steps
         tc = TrainConfig(
@@ -296,7 +289,23 @@ def add_task_parsers(sub: argparse._SubParsersAction) -> None:
     pt.add_argument("--seed", type=int, default=0)
     pt.add_argument("--log-every", type=int, default=10)
     pt.add_argument("--save-every", type=int, default=500)
-    pt.add_argument("--resume", action="store_true", help="continue the run in --output")
+    pt.add_argument(
+        "--resume",
+        nargs="?",
+        const=True,
+        choices=["auto"],
+        default=False,
+        help="continue the run in --output; --resume auto: continue it if it has a checkpoint, "
+        "else start it (a process torchrun restarts does this by itself)",
+    )
+    pt.add_argument(
+        "--dist-timeout",
+        type=float,
+        default=900.0,
+        metavar="SECONDS",
+        help="under torchrun: how long a process waits for the others in a collective before "
+        "it stops with an error",
+    )
     pt.add_argument("--overwrite", action="store_true", help="replace the run in --output")
     pt.set_defaults(func=cmd_pretrain)
 

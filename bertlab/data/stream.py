@@ -1,10 +1,13 @@
 """The rows of every pre-training step, read from a prepared corpus, and their masks.
 
-The rows of the global batch go round-robin over the corpus's shards: row g comes from shard
-g mod n_shards, the (g // n_shards)-th example of that shard's stream, which goes over the
-shard in a fresh random order each pass. Rank r of W processes owns shards r, r + W, ...: it
-opens and reads those only, yet the global batch is the same for any W (the number of shards
-must be a multiple of W, the batch a multiple of W x micro-batches).
+The stream is defined without the number of processes. Row g of the run (counted over every
+global micro-batch from the phase's start: micro-batch u holds rows u x rows_per_micro to
+(u + 1) x rows_per_micro - 1) comes from shard g mod n_shards, the (g // n_shards)-th example of
+that shard's stream, which goes over the shard in a fresh random order each pass. Rank r of W
+processes takes the rows g with g mod W = r: those of shards r, r + W, ..., which it alone
+opens and reads. So the global batches, their rows and their order are the same for any W that
+divides both the number of shards and the rows of a micro-batch (which the stream checks), and a
+run may continue on another W at the step it stopped at.
 
 A row's mask is drawn from its own generator, seeded with the row's identity: (seed, shard,
 example, pass) for dynamic masking, fresh each pass; (seed, shard, example) for static masking,
@@ -24,7 +27,7 @@ import torch
 
 from bertlab.data.corpus import PretrainingCorpus, read_meta
 from bertlab.data.masking import MaskingConfig, mask_tokens, special_tokens_mask
-from bertlab.distributed import sum_over_ranks, world
+from bertlab.distributed import agree, sum_over_ranks, world
 from bertlab.nn.losses import IGNORE_INDEX
 
 
@@ -32,6 +35,52 @@ def _seed(*parts: int) -> int:
     """A 63-bit seed mixed from integers (numpy's SeedSequence: no collisions by addition)."""
     a, b = np.random.SeedSequence([int(p) for p in parts]).generate_state(2)
     return (int(a) << 31) ^ int(b)
+
+
+SHARD_ARRAYS = ("input_ids", "offsets", "sep", "nsp")  # a shard's files: NAME.KEY.npy
+
+
+def check_shards(directory: str | Path, meta: dict[str, Any], shards: list[int]) -> None:
+    """Check these shards of a prepared corpus against its meta.json before training reads
+    them: each of a shard's four files is there and reads as an array (memory-mapped: only the
+    headers and the offsets are read), of the length meta.json gives, with offsets that go from
+    0 to the shard's token count without going back. A missing or damaged file is named."""
+    for k in shards:
+        entry = meta["shards"][k]
+        name, n = entry["name"], int(entry["examples"])
+        lengths = {"input_ids": entry.get("tokens"), "offsets": n + 1, "sep": n, "nsp": n}
+        arrays = {}
+        for key in SHARD_ARRAYS:
+            path = Path(directory) / f"{name}.{key}.npy"
+            if not path.is_file():
+                raise FileNotFoundError(
+                    f"shard {k} of {directory} is missing a file: {path} does not exist "
+                    "(prepare the corpus again)"
+                )
+            try:
+                arrays[key] = np.load(path, mmap_mode="r")
+            except Exception as e:  # a truncated or overwritten file
+                raise ValueError(
+                    f"{path} is damaged: it does not read as an array ({e}); prepare the "
+                    "corpus again"
+                ) from None
+            expected = lengths[key]
+            if arrays[key].ndim != 1 or (expected is not None and len(arrays[key]) != expected):
+                raise ValueError(
+                    f"{path} is damaged: it holds an array of shape {arrays[key].shape} where "
+                    f"meta.json's shard {name} needs ({expected},); prepare the corpus again"
+                )
+        offsets = np.asarray(arrays["offsets"])
+        if (
+            offsets[0] != 0
+            or offsets[-1] != len(arrays["input_ids"])
+            or (np.diff(offsets) < 0).any()
+        ):
+            raise ValueError(
+                f"{Path(directory) / f'{name}.offsets.npy'} is damaged: its offsets do not run "
+                f"from 0 to the {len(arrays['input_ids'])} tokens of {name}.input_ids.npy; "
+                "prepare the corpus again"
+            )
 
 
 class CorpusStream:
@@ -81,6 +130,7 @@ class CorpusStream:
         self.mask_token_id, self.vocab_size = mask_token_id, vocab_size
         self.sizes = [int(entry["examples"]) for entry in meta["shards"]]
         self.own = list(range(self.rank, n, W))  # shard k is the (k // W)-th one opened here
+        check_shards(directory, meta, self.own)
         self.corpus = PretrainingCorpus(directory, shards=self.own)
         self._starts = np.cumsum([0] + [self.sizes[k] for k in self.own])
         self.special = [meta["cls_token_id"], meta["sep_token_id"]]
@@ -115,7 +165,27 @@ class CorpusStream:
         return [self.corpus[int(self._starts[k // self.world_size]) + j] for k, j, _ in rows]
 
     def batch(self, rows: list[tuple[int, int, int]]) -> dict[str, torch.Tensor]:
-        """Read, mask and pad these rows (shard, example in shard, pass)."""
+        """Read, mask and pad these rows (shard, example in shard, pass), with the counts the
+        loss divides by, summed over the ranks. That sum carries a flag: should reading fail
+        on one rank, every rank stops there, naming it and its error, none left waiting."""
+        error, batch, count = None, {}, 0.0
+        try:
+            batch = self._read(rows)
+            count = float((batch["labels"] != IGNORE_INDEX).sum())
+        except Exception as e:  # raised below, on every rank
+            error = e
+        if self.world_size > 1:  # a stream of one process (evaluation) counts its own rows
+            count, failed = sum_over_ranks([count, float(error is not None)])
+            if failed:
+                agree(error)
+        elif error is not None:
+            raise error
+        # The loss divides by the masked tokens of the whole micro-batch, every rank's rows.
+        batch["mlm_count"] = torch.tensor([max(count, 1.0)])
+        batch["nsp_count"] = torch.tensor([float(self.micro)])
+        return batch
+
+    def _read(self, rows: list[tuple[int, int, int]]) -> dict[str, torch.Tensor]:
         examples, masked = [], []
         for (k, j, epoch), e in zip(rows, self.examples(rows), strict=True):
             ids = e["input_ids"][None]
@@ -139,12 +209,6 @@ class CorpusStream:
         for r, lab in enumerate(masked):
             labels[r, : len(lab)] = lab
         batch["labels"] = labels
-        # The loss divides by the masked tokens of the whole micro-batch, every rank's rows.
-        count = float((labels != IGNORE_INDEX).sum())
-        if self.world_size > 1:  # a stream of one process (evaluation) counts its own rows
-            (count,) = sum_over_ranks([count])
-        batch["mlm_count"] = torch.tensor([max(count, 1.0)])
-        batch["nsp_count"] = torch.tensor([float(self.micro)])
         return batch
 
 

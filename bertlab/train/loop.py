@@ -7,10 +7,10 @@
 so a run can stop anywhere and resume on the very batch it would have seen. The loop does the
 rest: AdamW (fused; no decay on biases and LayerNorm) or LAMB, linear warm-up then linear decay,
 gradient accumulation and clipping, bfloat16 autocast, checkpoints that lose nothing (model,
-optimiser, RNG states, step, time plan; written atomically, periodically and on
-SIGINT/SIGTERM), a metrics file and a progress line. A loss that is not finite stops the run,
-naming the step and the last good checkpoint. A signal saves a checkpoint, then
-``TrainingInterrupted`` leaves ``train``.
+optimiser, RNG states, step, time plan; periodically and on SIGINT/SIGTERM, into a store that
+counts a checkpoint only once it is written whole: ``bertlab.train.runs``), a metrics file and a
+progress line. A loss that is not finite stops the run, naming the step and the last good
+checkpoint. A signal saves a checkpoint, then ``TrainingInterrupted`` leaves ``train``.
 
 A time budget (``TrainConfig.max_seconds``) is planned, not just enforced: the loop times a few
 steps, fixes how many steps fit, and fits the learning-rate schedule to them (see ``Plan``).
@@ -49,9 +49,10 @@ import torch
 from torch import nn
 
 from bertlab.distributed import rng_state, set_rng_state, sum_over_ranks, world
+from bertlab.files import atomic_write
 from bertlab.progress import Progress
 from bertlab.tasks import Task
-from bertlab.train.runs import CHECKPOINT, load_checkpoint, save_checkpoint
+from bertlab.train.runs import CHECKPOINT, Checkpoints, FileCheckpoints
 
 __all__ = [
     "CHECKPOINT",
@@ -269,13 +270,15 @@ class Run:
         resume: bool = False,
         evaluate: Callable[[nn.Module, int], dict[str, float]] | None = None,
         eval_every: int = 0,
+        checkpoints: Checkpoints | None = None,
     ):
         self.config, self.data = config, data
         self.evaluate_fn, self.eval_every = evaluate, eval_every
         self.rank, self.world_size = world()
         self.main = self.rank == 0
         self.out = Path(config.out_dir)
-        self.checkpoint_path = self.out / CHECKPOINT
+        self.store = checkpoints or FileCheckpoints(self.out / CHECKPOINT)
+        self.checkpoint_path: Path | None = None  # the last checkpoint saved or restored
         if self.main:
             self.out.mkdir(parents=True, exist_ok=True)
         torch.manual_seed(config.seed + self.rank)
@@ -330,12 +333,11 @@ class Run:
     # ------------------------------------------------------------------ the steps
     def restore(self) -> None:
         """Continue from the newest readable checkpoint: weights, optimiser, RNG, step, plan."""
-        state = load_checkpoint(self.checkpoint_path)
-        if state is None:
+        found = self.store.load(self.model, self.optimizer)
+        if found is None:
             raise FileNotFoundError(f"--resume: no readable checkpoint in {self.out}")
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        ranks = state.get("rng_ranks", [state["rng"]])
+        self.checkpoint_path, state = found
+        ranks = state.get("rng_ranks") or [state["rng"]]
         if len(ranks) != self.world_size and self.main:
             logger.warning(
                 "the checkpoint holds the random states of %d processes, this run "
@@ -344,7 +346,7 @@ class Run:
                 self.world_size,
             )
         set_rng_state(ranks[self.rank] if len(ranks) == self.world_size else ranks[0])
-        self.done = self.saved = state["step"]
+        self.done = self.saved = int(state["step"])
         self.plan = Plan(**state["plan"]) if state.get("plan") else None
         self.seconds_before = float(state.get("train_seconds", 0.0))
         if self.main:
@@ -377,7 +379,7 @@ class Run:
         )
         sums = dict(zip(keys, values, strict=True))
         if not all(math.isfinite(v) for v in sums.values()):
-            good = f"{self.checkpoint_path} (step {self.saved})" if self.saved is not None else None
+            good = f"{self.checkpoint_path} (step {self.saved})" if self.checkpoint_path else None
             raise FloatingPointError(
                 f"loss is not finite at step {step + 1} ({sums}); the run stops here. "
                 f"Last good checkpoint: {good or 'none yet'}"
@@ -478,31 +480,31 @@ class Run:
                 f"eta {eta:,.0f}s"
             )
 
-    def checkpoint(self) -> Path | None:
-        """Save everything a resume needs, atomically (rank 0 writes; every rank's random
-        state goes in, so that dropout resumes exactly). None when the run keeps none."""
+    def checkpoint(self, wait: bool = True) -> Path | None:
+        """Save everything a resume needs into the run's store (every rank's random state goes
+        in, so that dropout resumes exactly); ``wait=False`` lets a store that can write in the
+        background do so. None when the run keeps no checkpoints."""
         if not self.config.checkpoints:
             return None
+        if self.saved == self.done and self.checkpoint_path is not None:  # saved at this step
+            if wait:
+                self.store.close()
+            return self.checkpoint_path
         t0 = clock()
         self.saved = self.done
         ranks = [rng_state()]
         if self.world_size > 1:
             ranks = [None] * self.world_size
             torch.distributed.all_gather_object(ranks, rng_state())
-        if self.main:
-            save_checkpoint(
-                self.checkpoint_path,
-                {
-                    "model": self.model.state_dict(),
-                    "optimizer": self.optimizer.state_dict(),
-                    "rng": ranks[0],
-                    "rng_ranks": ranks,
-                    "step": self.done,
-                    "plan": asdict(self.plan) if self.plan else None,
-                    "train_seconds": self.seconds(),
-                    "config": asdict(self.config),
-                },
-            )
+        state = {
+            "rng": ranks[0],
+            "rng_ranks": ranks,
+            "step": self.done,
+            "plan": asdict(self.plan) if self.plan else None,
+            "train_seconds": self.seconds(),
+            "config": asdict(self.config),
+        }
+        self.checkpoint_path = self.store.save(self.model, self.optimizer, state, wait)
         self.untimed_seconds += clock() - t0
         return self.checkpoint_path
 
@@ -532,6 +534,7 @@ def train(
     resume: bool = False,
     evaluate: Callable[[nn.Module, int], dict[str, float]] | None = None,
     eval_every: int = 0,
+    checkpoints: Checkpoints | None = None,
 ) -> dict[str, float]:
     """Train ``model`` for ``config.steps`` optimizer steps (or the steps a time budget
     plans); returns the last step's metrics (``step``, ``planned_steps``, ``lr``, the task's
@@ -540,14 +543,22 @@ def train(
 
     ``data(step, micro)`` -> batch dict (this rank's rows); ``task(model, batch)`` -> (loss,
     metrics). ``evaluate(model, step)`` runs every ``eval_every`` steps and at the end on every
-    rank, on the unwrapped model in eval mode. Rank 0 writes ``metrics.jsonl`` and
-    ``checkpoint.pt`` in ``config.out_dir``. The data position is the step: ``data`` is a
-    function of it. Raises ``TrainingInterrupted`` after saving when SIGINT/SIGTERM arrives.
+    rank, on the unwrapped model in eval mode. Rank 0 writes ``metrics.jsonl`` in
+    ``config.out_dir``; ``checkpoints`` keeps the checkpoints (by default
+    ``runs.FileCheckpoints``: ``checkpoint.pt`` there). The data position is the step: ``data``
+    is a function of it. A resumed run drops the metrics rows after its checkpoint's step (a
+    killed process may have logged steps it never saved), so the file reads as an unbroken
+    run's. Raises ``TrainingInterrupted`` after saving when SIGINT/SIGTERM arrives.
     """
-    run = Run(model, task, data, config, resume, evaluate, eval_every)
+    run = Run(model, task, data, config, resume, evaluate, eval_every, checkpoints)
     metrics: dict[str, float] = {}
     progress = Progress() if run.main else None
-    file = open(run.out / "metrics.jsonl", "a" if resume else "w") if run.main else None  # noqa: SIM115
+    file = None
+    if run.main:
+        path = run.out / "metrics.jsonl"
+        if resume:
+            _keep_rows(path, run.done)
+        file = open(path, "a" if resume else "w")  # noqa: SIM115
     try:
         with run.signals():
             while run.done < run.total and not run.late:
@@ -558,7 +569,7 @@ def train(
                     saved = run.checkpoint()
                     raise TrainingInterrupted(run.done, saved, run.signum or signal.SIGINT)
                 if config.save_every and run.done % config.save_every == 0:
-                    run.checkpoint()
+                    run.checkpoint(wait=False)
             if run.done < run.total:  # the budget ran out before the plan's end
                 metrics["stopped_by_time"] = 1.0
                 if run.main:
@@ -569,9 +580,27 @@ def train(
                         run.total,
                     )
             run.checkpoint()
+            run.store.close()
     finally:
         if file is not None:
             file.close()
         if progress is not None:
             progress.close()
     return metrics
+
+
+def _keep_rows(path: Path, step: int) -> None:
+    """Keep the rows of ``metrics.jsonl`` up to ``step`` (and none after a line that a killed
+    process left unfinished)."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text("utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            break
+        if int(row.get("step", 0)) > step:
+            break
+        kept.append(line + "\n")
+    atomic_write(path, lambda p: Path(p).write_text("".join(kept), "utf-8"))

@@ -21,8 +21,10 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -30,13 +32,22 @@ from torch import nn
 from bertlab.data.corpus import read_meta
 from bertlab.data.masking import MaskingConfig
 from bertlab.data.stream import Phases, evaluation_batches
-from bertlab.distributed import world
+from bertlab.distributed import together, world
 from bertlab.nn.config import resolve_source
 from bertlab.nn.heads import BertForMaskedLM, BertForPreTraining
 from bertlab.tasks.pretraining import PretrainingObjective
 from bertlab.train.loop import TrainConfig, train
 from bertlab.train.memory import check_fits, step_memory
-from bertlab.train.runs import CHECKPOINT, RUN_FILE, check_run_folder
+from bertlab.train.runs import (
+    CHECKPOINT,
+    CHECKPOINTS,
+    RUN_FILE,
+    ShardedCheckpoints,
+    Start,
+    check_run_folder,
+    check_shared_folder,
+    saved_world_size,
+)
 
 logger = logging.getLogger("bertlab")
 
@@ -117,11 +128,90 @@ def check_memory(model: nn.Module, config: PretrainConfig, data: Phases) -> None
         check_fits(estimate, option, tc.device, resident)
 
 
-def pretrain(config: PretrainConfig, resume: bool = False, overwrite: bool = False) -> dict:
-    """Pre-train; returns the last metrics. Every setting is checked before training starts."""
+def pretrain(config: PretrainConfig, resume: bool | str = False, overwrite: bool = False) -> dict:
+    """Pre-train; returns the last metrics. Every setting is checked before training starts.
+
+    ``resume``: True continues the run in the folder (``--resume``); ``"auto"`` continues it
+    when it holds a checkpoint and starts it otherwise (``--resume auto``), which is also what
+    a process that torchrun restarted does, whatever it was asked (``runs.check_run_folder``).
+    A run may continue on another number of processes when its global batches can be kept.
+
+    Many processes: every rank checks everything (its own shards among them) before the first
+    collective, and a failure on any rank stops them all, naming the rank and its error
+    (``bertlab.distributed.together``)."""
     tc = config.train
     rank, world_size = world()
     out = Path(tc.out_dir)
+    with together():  # a collective: every rank has checked the folder before rank 0 writes in it
+        setup = _set_up(config, resume, overwrite)
+    model, data, start = setup.model, setup.data, setup.start
+    if rank == 0:  # the folder is ready: from here on, a run lives in it
+        if start.replace:
+            for name in (RUN_FILE, CHECKPOINT, CHECKPOINT + ".prev", "metrics.jsonl"):
+                (out / name).unlink(missing_ok=True)
+            for name in ("model", CHECKPOINTS):
+                shutil.rmtree(out / name, ignore_errors=True)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / RUN_FILE).write_text(json.dumps(setup.settings, indent=2) + "\n", "utf-8")
+    if world_size > 1:
+        torch.distributed.barrier()
+        check_shared_folder(out)
+
+    logger.info(
+        "pre-training %s: %d steps in %d phase(s), batch %d, %d process(es)",
+        config.model,
+        tc.steps,
+        len(data.streams),
+        config.batch_size,
+        world_size,
+    )
+    # A signal raises TrainingInterrupted out of here, after the loop saved its checkpoint:
+    # the model folder is written only by a run that reached its end (its steps, or its plan).
+    metrics = train(
+        model,
+        setup.objective,
+        data,
+        tc,
+        resume=start.resume,
+        evaluate=setup.evaluate,
+        eval_every=setup.eval_every,
+        checkpoints=ShardedCheckpoints(out / CHECKPOINTS, legacy=out / CHECKPOINT),
+    )
+    if rank == 0:
+        model.save_pretrained(out / "model")
+        setup.tokenizer.save_pretrained(out / "model")
+    return metrics
+
+
+class _Setup(NamedTuple):
+    model: nn.Module
+    objective: PretrainingObjective
+    data: Phases
+    tokenizer: Any
+    settings: dict[str, Any]  # run.json
+    start: Start
+    evaluate: Callable[[nn.Module, int], dict[str, float]] | None
+    eval_every: int
+
+
+def _set_up(config: PretrainConfig, resume: bool | str, overwrite: bool) -> _Setup:
+    """Everything ``pretrain`` checks and builds before its first collective: the corpora (and
+    this rank's shards), the model, the data stream, the memory, the run folder, the objective
+    and the evaluation."""
+    tc = config.train
+    rank, world_size = world()
+    out = Path(tc.out_dir)
+    settings = {
+        **asdict(config),
+        "train": {k: v for k, v in asdict(tc).items() if k not in ("log_every", "save_every")},
+        "world_size": world_size,
+    }
+    settings["train"]["betas"] = list(settings["train"]["betas"])
+    # The number of processes may change between a run and its resumption (the global batches
+    # stay the same: bertlab.data.stream), so it is not one of the settings --resume compares.
+    start = check_run_folder(out, settings, resume, overwrite, free=("world_size",), elastic=True)
+    before = saved_world_size(out) if start.resume else None
+
     streams_meta = [("data", config.data)] + (
         [("long_data", config.long_data)] if config.long_data else []
     )
@@ -171,21 +261,36 @@ def pretrain(config: PretrainConfig, resume: bool = False, overwrite: bool = Fal
             seq_len, config.mask_rate, config.max_predictions, config.whole_word
         )
 
-    data = Phases.build(
-        tc.steps,
-        config.data,
-        config.batch_size,
-        config.long_data,
-        config.long_fraction,
-        config.long_batch_size,
-        masking,
-        mask_token_id=tokenizer.mask_token_id,
-        vocab_size=vocab_size,
-        grad_accum=tc.grad_accum,
-        seed=tc.seed,
-        static=config.masking == "static",
-        continuation=continuation,
-    )
+    try:
+        data = Phases.build(
+            tc.steps,
+            config.data,
+            config.batch_size,
+            config.long_data,
+            config.long_fraction,
+            config.long_batch_size,
+            masking,
+            mask_token_id=tokenizer.mask_token_id,
+            vocab_size=vocab_size,
+            grad_accum=tc.grad_accum,
+            seed=tc.seed,
+            static=config.masking == "static",
+            continuation=continuation,
+        )
+    except ValueError as e:
+        if before is None or before == world_size:
+            raise
+        raise ValueError(
+            f"the run in {out} ran on {before} process(es); {world_size} cannot continue it "
+            f"with the same global batches: {e}"
+        ) from None
+    if before is not None and before != world_size and rank == 0:
+        logger.warning(
+            "the run in %s ran on %d process(es); it continues on %d, on the same global batches",
+            out,
+            before,
+            world_size,
+        )
     check_memory(model, config, data)
     if tc.max_seconds is not None and len(data.streams) > 1 and rank == 0:
         # The phases are laid out on TrainConfig.steps; a time plan that ends sooner cuts the
@@ -196,13 +301,6 @@ def pretrain(config: PretrainConfig, resume: bool = False, overwrite: bool = Fal
             data.streams[1][0],
             tc.steps,
         )
-    settings = {
-        **asdict(config),
-        "train": {k: v for k, v in asdict(tc).items() if k not in ("log_every", "save_every")},
-        "world_size": world_size,
-    }
-    settings["train"]["betas"] = list(settings["train"]["betas"])
-    check_run_folder(out, settings, resume, overwrite)
 
     objective = PretrainingObjective(world_size)
     eval_fn, eval_every = None, 0
@@ -222,32 +320,4 @@ def pretrain(config: PretrainConfig, resume: bool = False, overwrite: bool = Fal
         def eval_fn(model: nn.Module, step: int) -> dict[str, float]:
             return objective.evaluate(model, batches, tc.device)
 
-    if world_size > 1:  # every rank has checked the folder before rank 0 writes in it
-        torch.distributed.barrier()
-    if rank == 0:  # the folder is ready: from here on, a run lives in it
-        if overwrite and not resume:
-            for name in (RUN_FILE, CHECKPOINT, CHECKPOINT + ".prev", "metrics.jsonl"):
-                (out / name).unlink(missing_ok=True)
-            shutil.rmtree(out / "model", ignore_errors=True)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / RUN_FILE).write_text(json.dumps(settings, indent=2) + "\n", "utf-8")
-    if world_size > 1:
-        torch.distributed.barrier()
-
-    logger.info(
-        "pre-training %s: %d steps in %d phase(s), batch %d, %d process(es)",
-        config.model,
-        tc.steps,
-        len(data.streams),
-        config.batch_size,
-        world_size,
-    )
-    # A signal raises TrainingInterrupted out of here, after the loop saved its checkpoint:
-    # the model folder is written only by a run that reached its end (its steps, or its plan).
-    metrics = train(
-        model, objective, data, tc, resume=resume, evaluate=eval_fn, eval_every=eval_every
-    )
-    if rank == 0:
-        model.save_pretrained(out / "model")
-        tokenizer.save_pretrained(out / "model")
-    return metrics
+    return _Setup(model, objective, data, tokenizer, settings, start, eval_fn, eval_every)
