@@ -492,6 +492,14 @@ def prepare(
     waiting: deque = deque()
     status = Progress() if progress else None  # rewritten in place on a terminal only
     started = shown = time.perf_counter()
+
+    def say(file: int) -> None:
+        seconds = max(time.perf_counter() - started, 1e-9)
+        status.update(
+            f"prepare: file {file}/{len(sources)}, {seq:,} block{'s' if seq != 1 else ''}, "
+            f"{tokens / seconds:,.0f} tokens/s"
+        )
+
     tokens, seq = 0, begin  # seq: the number of the next block
 
     def write(examples: list) -> None:
@@ -535,10 +543,9 @@ def prepare(
                 record()
             if status is not None and time.perf_counter() - shown > 0.2:
                 shown = time.perf_counter()
-                status.update(
-                    f"prepare: file {job.block.file_index + 1}/{len(sources)}, "
-                    f"{seq:,} blocks, {tokens / (shown - started):,.0f} tokens/s"
-                )
+                say(job.block.file_index + 1)
+        if status is not None:  # the final figures, written to a log too however short the run
+            say(len(sources))
         if pending:
             write(pending)
         for _, _, stats, _ in waiting:  # blocks without examples at the end
