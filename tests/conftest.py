@@ -17,3 +17,16 @@ def sst2(tmp_path_factory):
     (root / "train.tsv").write_text("".join(lines[:161]), "utf-8")
     (root / "dev.tsv").write_text(lines[0] + "".join(lines[161:]), "utf-8")
     return root
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (the README's test command runs two workers) the cores are shared out
+    between the workers: two workers of two threads each on two cores would wait on each other
+    at every parallel region."""
+    import os
+
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if workers > 1:
+        import torch
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
