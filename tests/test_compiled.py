@@ -3,6 +3,7 @@ and give the eager model's results within the dtype's tolerance; everything else
 itself; bad input gets the eager model's errors; stale weights are refused, never used."""
 
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from bertlab import (
     BertForTokenClassification,
     BertModel,
 )
-from bertlab.nn import attention
+from bertlab.nn import attention, cpu
 from bertlab.nn.compiled import PADDING_LIMIT, Compiled
 from bertlab.nn.precision import bf16_supported, quantize_int8
 
@@ -23,6 +24,19 @@ pytestmark = pytest.mark.skipif(
     Compiled.available() is not None,
     reason=f"torch.compile cannot build CPU kernels here: {Compiled.available()}",
 )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compiled_on_any_cpu():
+    """Compiled runs its program in every precision whatever this CPU's class: the program's
+    results are under test here; where Compiled uses it is the policy's (tests/test_cpu.py)."""
+    everything = frozenset(("float32", "bfloat16", "int8"))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(
+            cpu, "_CURRENT", [replace(cpu.current(), compiled=everything, not_compiled={})]
+        )
+        yield
+
 
 CFG = BertConfig(
     vocab_size=99,

@@ -5,6 +5,7 @@ module; and a model's modules keep the classes they were built as, whatever is d
 
 import inspect
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ import torch
 from torch import nn
 
 from bertlab import BertConfig, BertForMaskedLM, BertModel
+from bertlab.nn import cpu
 from bertlab.nn import heads as heads_module
 from bertlab.nn import model as model_module
 from bertlab.nn.compiled import Compiled
@@ -173,6 +175,9 @@ def test_the_compiled_program_is_exported_from_the_layer_forward(monkeypatch):
         raise Exported
 
     monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", stop)
+    # the program whatever this CPU's class (where Compiled uses one is tests/test_cpu.py's)
+    here = cpu.current()
+    monkeypatch.setattr(cpu, "_CURRENT", [replace(here, compiled=frozenset({"float32"}))])
     model, ids, mask = model_and_batch()
     compiled = Compiled(model)
 

@@ -3,9 +3,12 @@ its ``Compiled`` program and the rest through the model, with the model's answer
 is stood in for by the model's own forward here (building one takes tens of seconds;
 tests/test_compiled.py holds real programs to the model's results)."""
 
+from dataclasses import replace
+
 import torch
 
 from bertlab import BertConfig, BertModel, BertTokenizer, pipeline
+from bertlab.nn import cpu
 from bertlab.nn.compiled import Compiled
 
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "gorgeous", "film", "dull", "and"]
@@ -33,6 +36,9 @@ def test_a_compiled_pipeline_runs_single_texts_compiled_and_answers_as_the_model
         return lambda **kw: self.model(**kw)
 
     monkeypatch.setattr(Compiled, "_build", build)
+    # the program whatever this CPU's class (where Compiled uses one is tests/test_cpu.py's)
+    here = cpu.current()
+    monkeypatch.setattr(cpu, "_CURRENT", [replace(here, compiled=frozenset({"float32"}))])
     tok = BertTokenizer(str(tmp_path / "vocab.txt"))
     compiled = pipeline("embed", model=model, tokenizer=tok, compile=True)
     plain = pipeline("embed", model=model, tokenizer=tok)

@@ -11,15 +11,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from bertlab import BertConfig, BertForMaskedLM, BertModel
-from bertlab.nn import products
+from bertlab.nn import cpu, products
 from bertlab.nn.model import BertLayer
 from bertlab.nn.packing import round_rows
 from bertlab.nn.precision import quantize_int8
 
-needs_bf16 = pytest.mark.skipif(
-    not products._BF16, reason="this PyTorch or CPU has no oneDNN bfloat16 fused linear"
+# oneDNN computes the products of float32 and bfloat16 layers on x86 CPUs from AVX2 up (bfloat16
+# natively with AVX512-BF16 or AMX, else in float32: the "float32" route)
+needs_onednn = pytest.mark.skipif(
+    not products._onednn_here(),
+    reason=f"oneDNN's products do not run on this CPU (class {cpu.current().cpu_class})",
 )
-needs_onednn = pytest.mark.skipif(not products._AVAILABLE, reason="this PyTorch has no oneDNN")
 BF16_STEP = 2**-8  # bfloat16 keeps 8 significant bits: one rounding is off by <= 2**-9 relative
 ACTS = [
     (nn.GELU(), F.gelu),
@@ -57,7 +59,7 @@ def spy_onednn(monkeypatch):
     return calls
 
 
-@needs_bf16
+@needs_onednn
 def test_each_fused_form_is_the_exact_result_rounded_once(monkeypatch):
     layer, x = layer_and_input()
     other = torch.randn(3, 7, 80).to(torch.bfloat16)
@@ -71,7 +73,7 @@ def test_each_fused_form_is_the_exact_result_rounded_once(monkeypatch):
     assert len(calls) == 2 + len(ACTS)  # each one oneDNN call, the epilogue inside it
 
 
-@needs_bf16
+@needs_onednn
 def test_fused_is_at_least_as_close_as_the_module_route():
     """The module route rounds the product, then rounds again after the sum; the fused one
     rounds once. Over a whole layer its error is no larger."""
@@ -155,7 +157,7 @@ def test_a_hook_on_every_module_sees_every_product(monkeypatch):
     assert len(seen) == 6 * 3 + 1  # six products a layer, and the pooler
 
 
-@needs_bf16
+@needs_onednn
 @pytest.mark.parametrize("kernel", ["packed", "sdpa"])
 def test_a_bfloat16_model_with_fused_products_is_as_close_to_float32_as_without(kernel):
     cfg = BertConfig(
@@ -193,7 +195,7 @@ def test_round_rows_adds_at_most_a_sixteenth_or_7_rows_and_makes_few_shapes():
     assert len({round_rows(n) for n in range(4097, 8193)}) == 16  # 16 shapes per doubling
 
 
-@needs_bf16
+@needs_onednn
 def test_spare_rows_never_reach_an_output(monkeypatch):
     """A packed bfloat16 batch runs with spare rows past its last token (oneDNN meets fewer
     shapes); the outputs, hidden states and [CLS] vectors are those of the run without."""
@@ -323,8 +325,6 @@ def _encoder_model(dtype, kernel="packed", head=BertModel):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("kernel", ["packed", "sdpa", "eager"])
 def test_the_fused_products_equal_pytorchs_own(dtype, kernel, monkeypatch):
-    if dtype == torch.bfloat16 and not products._BF16:
-        pytest.skip("this CPU has no oneDNN bfloat16")
     model, ids, mask = _encoder_model(dtype, kernel)
     calls = spy_onednn(monkeypatch)
     with torch.inference_mode():

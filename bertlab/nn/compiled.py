@@ -53,6 +53,13 @@ explore), call the model itself. Results equal the eager model's within the dtyp
 (tests/test_compiled.py). The program's kernels are generated for the thread count set when it
 compiles (``torch.set_num_threads`` before the first call).
 
+Where the compiled program runs depends on the CPU (cpu.py's policy, ``cpu.current().compiled``):
+it was measured faster than the model only on some classes of CPU and in some precisions, and
+cannot call the u8 int8 kernels (it would compute those products in float32) nor run bfloat16
+natively on a CPU without bfloat16 instructions. In any other precision ``Compiled(model)``
+calls the model itself for every input, says why once (a warning, and ``.why_eager``), and
+needs no compiler.
+
 Compiling needs a C++ compiler (inductor's CPU backend) and Python's C headers;
 ``Compiled.available()`` says which is missing where one is, and ``Compiled(model)`` refuses
 with that reason before any work. The pipelines take ``compile=True`` (pipelines/base.py).
@@ -72,6 +79,7 @@ import torch
 from torch import nn
 from torch.export import Dim
 
+from bertlab.nn import cpu
 from bertlab.nn.checks import check_inputs
 from bertlab.nn.packing import aligned_export
 from bertlab.nn.precision import Int8Linear
@@ -142,11 +150,22 @@ class Compiled:
     def __init__(self, model: nn.Module):
         if not isinstance(model, nn.Module) or not hasattr(model, "config"):
             raise TypeError(f"Compiled takes a bertlab model, got {type(model).__name__}")
-        why = self.available()
-        if why is not None:
-            raise RuntimeError(why)
         self.model = model
         self.precision = _precision(model)
+        policy = cpu.current()
+        # why this CPU runs the model itself in this precision (None: the compiled program)
+        self.why_eager = None
+        if self.precision not in policy.compiled:
+            self.why_eager = policy.not_compiled.get(
+                self.precision, f"no compiled program for {self.precision} products"
+            )
+            warnings.warn(
+                f"Compiled runs the {self.precision} model itself on this CPU (class "
+                f"{policy.cpu_class}): {self.why_eager}",
+                stacklevel=2,
+            )
+        elif (why := self.available()) is not None:
+            raise RuntimeError(why)
         self._limit = PADDING_LIMIT.get(self.precision, 0.0)
         self._options = {**OPTIONS, **PRECISION_OPTIONS.get(self.precision, {})}
         self._signature = inspect.signature(model.forward)
@@ -239,7 +258,7 @@ class Compiled:
         """True when the compiled program gives the model's results (within the dtype's
         tolerance) faster than the model (the rule in the module's text). A model moved off the
         CPU after the program was built is caught by _check_unchanged."""
-        if torch.is_grad_enabled() or self.model.training:
+        if self.why_eager is not None or torch.is_grad_enabled() or self.model.training:
             return False
         ids, mask = arguments.get("input_ids"), arguments.get("attention_mask")
         if not isinstance(ids, torch.Tensor) or ids.device.type != "cpu":

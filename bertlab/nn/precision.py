@@ -2,6 +2,8 @@
 
 bfloat16 needs nothing here: ``model.to(torch.bfloat16)`` (or ``from_pretrained(dir,
 dtype=torch.bfloat16)``) for inference, ``torch.autocast(device, torch.bfloat16)`` for training.
+Where the CPU has no bfloat16 instructions the products of a bfloat16 model are computed in
+float32 (cpu.py, products.py), and ``bf16_supported`` says why bfloat16 is not native.
 ``torch.compile(model)`` works on every kernel; ``tests/test_precision.py`` holds it to the
 eager results.
 
@@ -10,11 +12,13 @@ int8 (``quantize_int8``) replaces the linear layers by ``Int8Linear``:
     y = s_x * (q(x) Q(W)^T) * s_w + b
 
 * weights: int8, one scale per output row (per channel), s_w = max|W_row| / 127;
-* activations: int8, one scale per token (row of x), s_x = max|x_row| / 127, taken on every
-  call. A token's result depends on that token alone: never on the padding or on the other
-  sequences in the batch;
-* the product: int8 x int8 summed exactly in int32 (``torch._int_mm``: oneDNN's VNNI kernels),
-  then scaled back to float32 with the bias added.
+* activations: one scale per token (row of x), s_x = max|x_row| / L, taken on every call, and
+  rounded to the integers -L..L: L = 127 (8 bits), or 63 (7 bits) on CPUs without VNNI, whose
+  u8 kernels would overflow 16-bit sums at 8 (cpu.py). A token's result depends on that token
+  alone: never on the padding or on the other sequences in the batch;
+* the product: summed exactly in int32 by the CPU's int8 kernel (cpu.py chooses it:
+  ``torch._int_mm`` on oneDNN's VNNI or AMX kernels, or fbgemm's or oneDNN's u8 x s8 kernels
+  from AVX2 up), then scaled back to float32 with the bias added.
 
 Everything else stays in float32: the embeddings, every LayerNorm, the attention scores, softmax
 and the attention-weighted sum of values, the activations and the residual sums.
@@ -31,20 +35,24 @@ Calibration (``calibrate=``, batches of real inputs) does two things:
   input (the three attention projections) share one s, so they still run as one product. Each
   group takes the strength of ``SMOOTHING`` with the lowest int8 error on the calibration
   batches, or none where none lowers it;
-* **tolerance.** Each layer's int8 error on those inputs is measured, and layers past
-  ``tolerance`` stay float32. ``model.int8_report`` lists what was smoothed, what was kept and
-  why.
+* **tolerance.** Each layer's int8 error on those inputs (with this CPU's kernel) is measured,
+  and layers past ``tolerance`` stay float32. ``model.int8_report`` lists what was smoothed,
+  what was kept and why, and the kernel.
 """
 
 from __future__ import annotations
 
 import copy
 import re
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 import torch
 from torch import nn
+
+from bertlab.nn import cpu
+from bertlab.nn.packing import tracing
 
 HIGHER_PRECISION = (
     "embeddings (word, position, segment) and their sum",
@@ -55,57 +63,157 @@ HIGHER_PRECISION = (
 
 
 def bf16_supported() -> str | None:
-    """None when this CPU runs bfloat16 products natively (oneDNN: AVX512-BF16 or AMX), else
-    why not."""
-    if not torch.backends.mkldnn.is_available():
-        return "this PyTorch build has no oneDNN, which runs bfloat16 products on the CPU"
-    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
-        return "this CPU has no bfloat16 instructions (AVX512-BF16 or AMX) for oneDNN"
-    return None
+    """None when this CPU runs bfloat16 products natively (oneDNN: AVX512-BF16 or AMX; BF16 on
+    Arm), else why not. Where not, a bfloat16 model still runs, its products in float32."""
+    return cpu.current().bf16_why
 
 
 def int8_supported() -> str | None:
-    """None when this machine runs the int8 kernels natively, else why not (by name)."""
-    if not hasattr(torch, "_int_mm"):
-        return f"PyTorch {torch.__version__} has no int8 matrix product (torch._int_mm)"
-    vnni = getattr(torch.cpu, "_is_vnni_supported", None)
-    if vnni is not None and not vnni():
-        return "this CPU has no VNNI instructions (AVX512-VNNI or AVX-VNNI) for int8 products"
-    return None
+    """None when this machine has an int8 kernel for bertlab's products (``cpu.current()``
+    names it), else why not: the instruction set, operator or architecture it lacks."""
+    policy = cpu.current()
+    return None if policy.int8_kernel is not None else policy.int8_why
 
 
-def _quantize_rows(t: torch.Tensor, own: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """(R, K) float -> int8 (R, K) and the scale of each row (R, 1): symmetric, max|row| -> 127.
-    own: t is a temporary of the caller's, divided in place."""
-    scale = t.abs().amax(-1, keepdim=True).div_(127)  # (much faster than vector_norm(inf))
-    scale.clamp_(min=torch.finfo(torch.float32).tiny)
+def _quantize_rows(
+    t: torch.Tensor, own: bool = False, levels: int = 127
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(R, K) float -> int8 (R, K) and the scale of each row (R, 1): symmetric, max|row| ->
+    ``levels``. own: t is a temporary of the caller's, divided in place."""
+    scale = _row_scales(t, levels)
     return (t.div_(scale) if own else t.div(scale)).round_().to(torch.int8), scale
 
 
+def _row_scales(t: torch.Tensor, levels: int) -> torch.Tensor:
+    """(R, K) -> (R, 1): max|row| / levels, at least the smallest normal float."""
+    scale = t.abs().amax(-1, keepdim=True).div_(levels)  # (much faster than vector_norm(inf))
+    return scale.clamp_(min=torch.finfo(torch.float32).tiny)
+
+
 class Int8Weight(NamedTuple):
-    """An int8 weight as the product reads it: (in, out) int8, one scale per column, and the
-    inverse smoothing 1/s (in,) that x is multiplied by before it is rounded (or None). The
+    """An int8 weight as the product reads it: (in, out) int8, one scale per column, the
+    inverse smoothing 1/s (in,) that x is multiplied by before it is rounded (or None), and the
+    weight in the form the kernel reads (None for torch._int_mm, which reads ``int8``). The
     (in, out) matrix is the transposed view of an (out, in) one: oneDNN's int8 kernel reads
     that layout fastest at the few rows of a short sentence."""
 
     int8: torch.Tensor  # (in, out), a view of (out, in) memory
     scale: torch.Tensor  # (out,) float32
     unsmooth: torch.Tensor | None = None  # (in,) float32
+    packed: Any = None  # the u8 kernels' prepacked weight
+    kernel: str = "onednn-s8"  # cpu.INT8_KERNELS
+    levels: int = 127  # activations are rounded to -levels..levels
 
 
 def int8_product(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None) -> torch.Tensor:
     """(..., in) float -> (..., out) float32: s_x * (q(x / s) W_int8) * s_w + b, one scale per
-    row of x (per token)."""
+    row of x (per token), on ``weight.kernel``. Traced (torch.compile, export), the u8 kernels'
+    product is written as a float32 one on the rounded values, whose sums are exact up to
+    2**24 (1,040 inputs at 8 bits, 2,080 at 7): the traced graph gets the same numbers."""
     shape = x.shape
     flat = x.reshape(-1, shape[-1]).float()
     out = weight.int8.shape[1]
     if flat.shape[0] == 0:
         return flat.new_zeros(*shape[:-1], out)
     smoothed = weight.unsmooth is not None
-    q, scale = _quantize_rows(flat * weight.unsmooth if smoothed else flat, own=smoothed)
-    acc = torch.mul(torch._int_mm(q, weight.int8), weight.scale)  # int32 -> float32 in one pass
+    t = flat * weight.unsmooth if smoothed else flat
+    if weight.kernel == "onednn-s8":
+        q, scale = _quantize_rows(t, own=smoothed, levels=weight.levels)
+        acc = torch.mul(torch._int_mm(q, weight.int8), weight.scale)  # int32 -> float32 in one pass
+    else:
+        scale = _row_scales(t, weight.levels)
+        t = t.div_(scale) if smoothed else t.div(scale)  # -levels..levels, not yet rounded
+        zero = weight.levels + 1  # the u8 zero point: the values sit in 1..2 * levels + 1
+        if weight.packed is None:  # traced
+            acc = torch.mul(t.round_() @ weight.int8.float(), weight.scale)
+        elif weight.kernel == "fbgemm-u8":  # it rounds, shifts and clamps t itself
+            acc = _FBGEMM(t, 1.0, zero, weight.packed)  # (the sums times s_w)
+        else:
+            u = t.round_().add_(zero).to(torch.uint8)
+            packed, zeros = weight.packed
+            acc = _QLINEAR(u, 1.0, zero, packed, weight.scale, zeros, None, 1.0, 0, torch.float32,
+                           "none", [], "")  # fmt: skip
     y = acc.mul_(scale) if bias is None else torch.addcmul(bias, acc, scale)
     return y.view(*shape[:-1], out)
+
+
+def _op(namespace: str, name: str) -> Any:
+    try:
+        return getattr(getattr(torch.ops, namespace), name)
+    except (AttributeError, RuntimeError):  # pragma: no cover - cpu.py does not choose it then
+        return None
+
+
+_FBGEMM = _op("quantized", "linear_with_input_q_dq_qweight_dq_output_fp32")
+_QLINEAR = _op("onednn", "qlinear_pointwise")
+
+
+def _pack(kernel: str, int8: torch.Tensor, scale: torch.Tensor) -> Any:
+    """The u8 kernel's own form of the (out, in) int8 weight with its (out,) scales."""
+    out = int8.shape[0]
+    if kernel == "fbgemm-u8":
+        import warnings
+
+        with warnings.catch_warnings():  # (quantized tensors: fbgemm's weight format)
+            warnings.simplefilter("ignore", UserWarning)
+            q = torch._make_per_channel_quantized_tensor(
+                int8, scale.double(), torch.zeros(out, dtype=torch.long), 0
+            )
+            return torch.ops.quantized.linear_prepack(q, None)
+    return torch.ops.onednn.qlinear_prepack(int8, None), torch.zeros(out, dtype=torch.long)
+
+
+# first layer of a group -> (the group's layer ids, kernel, stamp, sources, Int8Weight, bias).
+# Weakly keyed, as products.py's packed float weights: nothing here is a buffer or in a state
+# dict, and a layer that is dropped takes its packed weight with it.
+_PACKED: weakref.WeakKeyDictionary[nn.Module, tuple] = weakref.WeakKeyDictionary()
+
+
+def int8_weight(layers: tuple[Int8Linear, ...]) -> tuple[Int8Weight, torch.Tensor | None]:
+    """The int8 product's (weight, bias) for one layer or several that share their smoothing
+    (stacked by rows), in the form this CPU's kernel reads: made once and cached, made again
+    when a buffer is replaced or written in place (inference tensors, which keep no version,
+    are made on every call). RuntimeError, with the reason, where this machine has no int8
+    kernel."""
+    policy = cpu.current()
+    kernel = policy.int8_kernel
+    if kernel is None:
+        raise RuntimeError(f"int8 products cannot run here: {policy.int8_why}")
+    first = layers[0]
+    traced = tracing()
+    if len(layers) == 1 and (traced or kernel == "onednn-s8"):  # nothing to stack or pack
+        w = Int8Weight(first.weight_int8.t(), first.weight_scale, first.unsmooth, None, kernel,
+                       policy.int8_levels)  # fmt: skip
+        return w, first.bias
+    try:
+        stamp: tuple | None = tuple(
+            (t.data_ptr(), t._version)
+            for lin in layers
+            for t in (lin.weight_int8, lin.weight_scale, lin.bias)
+            if t is not None
+        )
+    except RuntimeError:  # inference tensors keep no version counter
+        stamp = None
+    ids = tuple(map(id, layers))
+    cached = None if traced or stamp is None else _PACKED.get(first)
+    if cached is not None and cached[:3] == (ids, kernel, stamp):
+        return cached[4], cached[5]
+    int8 = first.weight_int8 if len(layers) == 1 else torch.cat([m.weight_int8 for m in layers])
+    scale = first.weight_scale if len(layers) == 1 else torch.cat([m.weight_scale for m in layers])
+    packed = None if traced or kernel == "onednn-s8" else _pack(kernel, int8, scale)
+    bias = first.bias if len(layers) == 1 else _stacked_bias(layers)
+    w = Int8Weight(int8.t(), scale, first.unsmooth, packed, kernel, policy.int8_levels)
+    if not traced and stamp is not None:
+        sources = [t for m in layers for t in (m.weight_int8, m.weight_scale, m.bias)]
+        _PACKED[first] = (ids, kernel, stamp, sources, w, bias)
+    return w, bias
+
+
+def _stacked_bias(layers: tuple[Int8Linear, ...]) -> torch.Tensor | None:
+    if all(m.bias is None for m in layers):
+        return None
+    parts = [torch.zeros(m.out_features) if m.bias is None else m.bias for m in layers]
+    return torch.cat(parts)
 
 
 class Int8Linear(nn.Module):
@@ -136,13 +244,10 @@ class Int8Linear(nn.Module):
         bias = None if linear.bias is None else linear.bias.detach().float().clone()
         self.register_buffer("bias", bias)
 
-    def int8_weight(self) -> Int8Weight:
-        return Int8Weight(self.weight_int8.t(), self.weight_scale, self.unsmooth)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.device.type != "cpu":
             raise ValueError(f"int8 layers run on the CPU; the input is on {x.device}")
-        return int8_product(x, self.int8_weight(), self.bias)
+        return int8_product(x, *int8_weight((self,)))
 
     def extra_repr(self) -> str:
         smoothed = ", smoothed" if self.unsmooth is not None else ""
@@ -265,6 +370,13 @@ def layer_errors(
     return {n: (e / max(r, 1e-30)) ** 0.5 for n, (e, r) in sums.items()}
 
 
+def _kernel_note() -> str:
+    """The int8 kernel of this machine and its activations' width, for ``int8_report``."""
+    policy = cpu.current()
+    bits = 8 if policy.int8_levels == 127 else 7
+    return f"{policy.int8_kernel} ({bits}-bit activations; CPU class {policy.cpu_class})"
+
+
 def quantize_int8(
     model: nn.Module,
     calibrate: Iterable[dict[str, torch.Tensor]] | None = None,
@@ -350,6 +462,7 @@ def quantize_int8(
         "errors": {n: round(e, 5) for n, e in errors.items()},
         "always_float32": list(HIGHER_PRECISION),
         "scheme": "weights per output channel, activations per token, symmetric, int32 sums",
+        "kernel": _kernel_note(),
     }
     q.int8_report = report
     return q

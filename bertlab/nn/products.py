@@ -7,18 +7,24 @@ The forwards of model.py and heads.py call these wherever a linear layer's outpu
 activation or its residual sum, and for the query, key and value projections, which read one
 input. ``route`` chooses how each call is computed, from the layer's type, the dtype and device
 of the input, whether a gradient is recorded or autocast is on, whether the model is being
-traced, and the CPU's features:
+traced, and the CPU's class (cpu.py: ``cpu.current().products`` maps a dtype to its route):
 
-    "onednn"  a plain ``nn.Linear``, CPU, float32 (or bfloat16 where the CPU has bfloat16
-              instructions: AVX512-BF16 or AMX), no gradient recorded, no autocast, dropout
-              inactive, no hook on the layer, not traced. oneDNN computes the product on the
-              weight packed once into its blocked layout (cached here per layer, made again
-              when the weight changes) and applies the bias, the activation or the residual sum
-              to each tile while it is in cache; layers that read one input run as one product
-              on their stacked weights.
+    "onednn"  a plain ``nn.Linear``, CPU, float32 on x86 from AVX2 up (or bfloat16 where the
+              CPU has bfloat16 instructions: AVX512-BF16 or AMX), no gradient recorded, no
+              autocast, dropout inactive, no hook on the layer, not traced. oneDNN computes the
+              product on the weight packed once into its blocked layout (cached here per
+              layer, made again when the weight changes) and applies the bias, the activation
+              or the residual sum to each tile while it is in cache; layers that read one
+              input run as one product on their stacked weights.
+    "float32" the same layer in bfloat16 on a CPU without bfloat16 instructions, where
+              PyTorch's bfloat16 products emulate them several times slower than float32: the
+              product is computed in float32 (on oneDNN's packed float32 copy of the weight on
+              x86, else on a float32 copy with PyTorch's kernel), the activation and the sum
+              too, and the result is rounded to bfloat16 once. The first such call warns.
     "int8"    an ``Int8Linear`` (precision.quantize_int8) without hooks: the int8 product
-              (precision.int8_product), then the activation or the sum in place; layers that
-              share their smoothing run as one product (the input rounded once).
+              (precision.int8_product, on the CPU's int8 kernel), then the activation or the
+              sum in place; layers that share their smoothing run as one product (the input
+              rounded once).
     "module"  anything else: the layer is called as a module (its hooks run, autograd records
               it, an adapter such as LoRA wrapped around it computes, a compiler or exporter
               traces ``F.linear`` and fuses on its own, autocast picks its dtype), then the
@@ -26,8 +32,10 @@ traced, and the CPU's features:
               where dropout ran, as its backward needs only its mask).
 
 The routes give the same results up to rounding: in float32 the oneDNN product orders its sums
-differently from PyTorch's BLAS (about 1e-6 relative); in bfloat16 the fused form rounds once,
-after the activation or the sum, where the module route rounds before it too.
+differently from PyTorch's BLAS (about 1e-6 relative); in bfloat16 the fused and the float32
+forms round once, after the activation or the sum, where the module route rounds before it too.
+On Arm and other CPUs without oneDNN's x86 kernels, float32 takes the module route: PyTorch's
+own kernels.
 ``set_fast_inference(False)`` on a model (``plain``) sends all its layers by the module route,
 to reproduce another library's float32 numbers bit for bit.
 
@@ -38,24 +46,24 @@ run in row chunks when its intermediate would be large.
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from bertlab.nn import cpu
 from bertlab.nn.activations import activation_of
 from bertlab.nn.packing import round_rows, tracing
-from bertlab.nn.precision import Int8Linear, Int8Weight, int8_product
+from bertlab.nn.precision import Int8Linear, int8_product, int8_weight
 
 try:  # oneDNN's fused linear (the operator torch.compile uses for the same fusion on CPU)
     _linear_pointwise = torch.ops.mkldnn._linear_pointwise
     _reorder = torch.ops.mkldnn._reorder_linear_weight
-    _AVAILABLE = bool(torch.backends.mkldnn.is_available())
-    _BF16 = _AVAILABLE and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 except (AttributeError, RuntimeError):  # pragma: no cover - a PyTorch built without oneDNN
     _linear_pointwise = _reorder = None
-    _AVAILABLE = _BF16 = False
 
 PACK_ROWS = 512  # the row count oneDNN is told to expect when it reorders a weight: of 1, 32,
 # 128, 256, 512 and 2048, 512 was fastest both at batch 1 and on sorted batches of 32 sentences
@@ -65,17 +73,11 @@ PLAIN = "plain_product"  # a layer attribute: True sends it by the module route 
 _GLOBAL_HOOKS = nn.modules.module  # where nn.Module keeps the hooks registered for every module
 
 
-# the dtypes in which oneDNN computes CPU products here: float32, and bfloat16 where the CPU has
-# bfloat16 instructions
-_ONEDNN_DTYPES = frozenset(
-    ((torch.float32,) if _AVAILABLE else ()) + ((torch.bfloat16,) if _BF16 else ())
-)
-
-
 def onednn_dtype(dtype: torch.dtype) -> bool:
-    """True when oneDNN computes CPU products in ``dtype`` here (float32 always, bfloat16 where
-    the CPU has bfloat16 instructions)."""
-    return dtype in _ONEDNN_DTYPES
+    """True when oneDNN computes CPU products in ``dtype`` here (float32 on x86 from AVX2 up,
+    bfloat16 where the CPU has bfloat16 instructions, or in float32 where not)."""
+    way = cpu.current().products.get(dtype)
+    return way == "onednn" or (way == "float32" and _onednn_here())
 
 
 def _recording(x: torch.Tensor, layer: nn.Module) -> bool:
@@ -96,7 +98,8 @@ def _watched(module: nn.Module) -> bool:
 
 
 def route(layer: nn.Module, x: torch.Tensor, dropout: nn.Module | None = None) -> str:
-    """How ``layer(x)`` is computed: "onednn", "int8" or "module" (the module docstring)."""
+    """How ``layer(x)`` is computed: "onednn", "float32", "int8" or "module" (the module
+    docstring)."""
     if torch.is_grad_enabled() and _recording(x, layer):
         _PACKED.pop(layer, None)  # an optimizer may write the weight without a version change
         return "module"
@@ -112,12 +115,12 @@ def route(layer: nn.Module, x: torch.Tensor, dropout: nn.Module | None = None) -
         return "int8"
     if (
         kind is nn.Linear
-        and x.dtype in _ONEDNN_DTYPES
+        and (way := cpu.current().products.get(x.dtype)) is not None
         and layer._parameters["weight"].dtype == x.dtype
         and PLAIN not in layer.__dict__
         and not tracing()
     ):
-        return "onednn"
+        return way
     return "module"
 
 
@@ -145,18 +148,14 @@ def linear(
     ``act`` is the activation module the network holds (its oneDNN form is found in
     activations.py); ``residual`` (..., out)."""
     way = route(layer, x, dropout)
+    if way == "float32":  # a bfloat16 product without bfloat16 instructions
+        _say_float32()
+        res = None if residual is None else residual.float()
+        return _product((layer,), x.float(), act, res).to(x.dtype)
     if way == "onednn":
-        spec = None if act is None else activation_of(act)
-        fusable = (act is None or spec is not None) and (
-            residual is None or (residual.dtype == x.dtype and residual.is_contiguous())
-        )
-        if fusable and act is None:
-            return _onednn(x, *packed((layer,)), None, residual)
-        if fusable and residual is None:
-            return _onednn(x, *packed((layer,)), spec.onednn, None)
-        y = _onednn(x, *packed((layer,)), None, None)
-    elif way == "int8":
-        y = int8_product(x, *_int8_weight((layer,)))
+        return _product((layer,), x, act, residual)
+    if way == "int8":
+        y = int8_product(x, *int8_weight((layer,)))
     else:
         y = layer(x)
         if act is not None:
@@ -168,11 +167,59 @@ def linear(
         if dropout is not None and dropout.training and dropout.p > 0 and not _watched(dropout):
             return y.add_(residual)  # into dropout's fresh output: its backward needs its mask only
         return y + residual
-    # a fresh float output of our own: the rest in place
+    return _epilogue(y, act, residual)
+
+
+def _epilogue(
+    y: torch.Tensor, act: nn.Module | None, residual: torch.Tensor | None
+) -> torch.Tensor:
+    """``residual + act(y)`` on a fresh float output of our own: in place."""
     if act is not None:
         spec = activation_of(act)
         y = spec.inplace(y) if spec is not None else act(y)
     return y if residual is None else y.add_(residual)
+
+
+def _product(
+    layers: tuple[nn.Linear, ...],
+    x: torch.Tensor,
+    act: nn.Module | None = None,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``residual + act(x W^T + b)`` for the layers' stacked weights, in x's dtype (float32 or
+    bfloat16): one oneDNN call with its epilogue where oneDNN runs here, else PyTorch's
+    product on the cached copy of the weights, then the epilogue in place."""
+    weight, bias = packed(layers, x.dtype)
+    if _linear_pointwise is None or not _onednn_here():
+        return _epilogue(F.linear(x, weight, bias), act, residual)
+    spec = None if act is None else activation_of(act)
+    fusable = (act is None or spec is not None) and (
+        residual is None or (residual.dtype == x.dtype and residual.is_contiguous())
+    )
+    if fusable and act is None:
+        return _onednn(x, weight, bias, None, residual)
+    if fusable and residual is None:
+        return _onednn(x, weight, bias, spec.onednn, None)
+    return _epilogue(_onednn(x, weight, bias, None, None), act, residual)
+
+
+def _onednn_here() -> bool:
+    """oneDNN computes products on this CPU (its float32 ones take the "onednn" route)."""
+    return cpu.current().products.get(torch.float32) == "onednn"
+
+
+_SAID: list[bool] = []
+
+
+def _say_float32() -> None:
+    """Warn, once a process, that bfloat16 products run in float32 here."""
+    if not _SAID:
+        _SAID.append(True)
+        warnings.warn(
+            f"bfloat16 products are computed in float32 here: {cpu.current().bf16_why} "
+            "(bertlab.nn.cpu)",
+            stacklevel=4,
+        )
 
 
 def projections(layers: tuple[nn.Module, ...], x: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -181,9 +228,12 @@ def projections(layers: tuple[nn.Module, ...], x: torch.Tensor) -> tuple[torch.T
     attention's query, key and value)."""
     ways = {route(layer, x) for layer in layers}
     if ways == {"onednn"}:
-        return _split(_onednn(x, *packed(layers), None, None), layers)
+        return _split(_product(layers, x), layers)
+    if ways == {"float32"}:
+        _say_float32()
+        return _split(_product(layers, x.float()).to(x.dtype), layers)
     if ways == {"int8"} and _one_input(layers):
-        return _split(int8_product(x, *_int8_weight(layers)), layers)
+        return _split(int8_product(x, *int8_weight(layers)), layers)
     return tuple(linear(layer, x) for layer in layers)
 
 
@@ -207,7 +257,8 @@ def _onednn(
 
 
 # ============================================================================ packed weights
-# first layer of a group -> (the group's layer ids, stamp, the source tensors, weight, bias). Weakly
+# first layer of a group -> (the group's layer ids, dtype, stamp, the source tensors, weight,
+# bias). Weakly
 # keyed: a layer that is dropped takes its packed copy with it, and nothing here is a parameter,
 # a buffer or part of a state dict, a copy or a pickle. An entry holds its source tensors, so
 # their memory cannot be reused by another tensor that would then match the stamp.
@@ -229,25 +280,29 @@ def _stamp(layers: tuple[nn.Linear, ...]) -> tuple[int, ...]:
     return stamp
 
 
-def packed(layers: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(weight, bias) of ``layers`` stacked by rows, the weight in oneDNN's packed layout, the
-    biases stacked (None if no layer has one). Made once and cached, made again when any weight
-    or bias changes: a new tensor (a cast, a move), or an in-place write that moves its version
+def packed(
+    layers: tuple[nn.Linear, ...], dtype: torch.dtype | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(weight, bias) of ``layers`` stacked by rows in ``dtype`` (default: the weights' own),
+    the weight in oneDNN's packed layout where oneDNN computes products here, the biases
+    stacked (None if no layer has one). Made once and cached, made again when any weight or
+    bias changes: a new tensor (a cast, a move), or an in-place write that moves its version
     counter (load_state_dict, a plain optimizer step); a fused optimizer writes without moving
     it, and ``route`` drops the packed copy of a layer whose gradient is recorded. Inference
     tensors keep no version: theirs are made on every call, unpacked (the same kernel's
     numbers, a little slower)."""
+    dtype = layers[0].weight.dtype if dtype is None else dtype
     try:
         stamp = _stamp(layers)
     except RuntimeError:  # an inference tensor has no version counter
-        return _stack(layers, pack=False)
+        return _stack(layers, dtype, pack=False)
     ids = tuple(map(id, layers))  # (not the layers: a value must not hold its weak key)
     cached = _PACKED.get(layers[0])
-    if cached is not None and cached[1] == stamp and cached[0] == ids:
-        return cached[3], cached[4]
-    weight, bias = _stack(layers, pack=True)
+    if cached is not None and cached[2] == stamp and cached[:2] == (ids, dtype):
+        return cached[4], cached[5]
+    weight, bias = _stack(layers, dtype, pack=_onednn_here() and _reorder is not None)
     sources = [t.detach() for layer in layers for t in (layer.weight, layer.bias) if t is not None]
-    _PACKED[layers[0]] = (ids, stamp, sources, weight, bias)
+    _PACKED[layers[0]] = (ids, dtype, stamp, sources, weight, bias)
     return weight, bias
 
 
@@ -257,11 +312,13 @@ def forget(module: nn.Module) -> None:
         _PACKED.pop(m, None)
 
 
-def _stack(layers: tuple[nn.Linear, ...], pack: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _stack(
+    layers: tuple[nn.Linear, ...], dtype: torch.dtype, pack: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     with torch.no_grad():
         weight = layers[0].weight if len(layers) == 1 else torch.cat([lin.weight for lin in layers])
-        bias = _biases(layers, layers[0].weight.dtype)
-        weight = weight.detach()
+        bias = _biases(layers, dtype)
+        weight = weight.detach().to(dtype)
         return (_reorder(weight, PACK_ROWS) if pack else weight), bias
 
 
@@ -269,19 +326,10 @@ def _biases(layers: tuple[nn.Module, ...], dtype: torch.dtype) -> torch.Tensor |
     if all(lin.bias is None for lin in layers):
         return None
     if len(layers) == 1:
-        return layers[0].bias.detach()
+        return layers[0].bias.detach().to(dtype)
     zeros = [torch.zeros(lin.out_features, dtype=dtype) for lin in layers]
     parts = [z if lin.bias is None else lin.bias for lin, z in zip(layers, zeros, strict=True)]
-    return torch.cat(parts).detach()
-
-
-def _int8_weight(layers: tuple[Int8Linear, ...]) -> tuple[Int8Weight, torch.Tensor | None]:
-    """The int8 product's (weight, bias) for one layer or several that share their smoothing."""
-    if len(layers) == 1:
-        return layers[0].int8_weight(), layers[0].bias
-    weight = torch.cat([lin.weight_int8 for lin in layers]).t()  # (in, out) view
-    scale = torch.cat([lin.weight_scale for lin in layers])
-    return Int8Weight(weight, scale, layers[0].unsmooth), _biases(layers, torch.float32)
+    return torch.cat(parts).detach().to(dtype)
 
 
 def _one_input(layers: tuple[Int8Linear, ...]) -> bool:

@@ -1,0 +1,457 @@
+"""The CPU at hand: what it can run, its class, and the kernels bertlab uses on it.
+
+    features()   the CPU's instruction sets, read once (PyTorch's cpuinfo, else /proc/cpuinfo),
+                 narrowed by any limit set on the math libraries (below)
+    policy(f)    the class of a feature set and the choices bertlab makes for it (a Policy)
+    current()    policy(features()), read once: what products.py, precision.py and compiled.py
+                 follow, and what ``bertlab bench runtimes`` records
+
+The classes, and what each one runs (a choice is made from the features, never by trying an
+instruction; what was measured where, natively or on a simulation: docs/performance.md):
+
+    class        CPUs                           products: float32 | bfloat16   int8 kernel
+    amx          Xeon 4th generation and later  oneDNN | oneDNN (AMX)          onednn-s8 (AMX)
+    avx512-bf16  EPYC Zen 4 and 5, Cooper Lake  oneDNN | oneDNN                onednn-s8 (VNNI)
+    avx512-vnni  Cascade Lake, Ice Lake         oneDNN | in float32            onednn-s8 (VNNI)
+    avx512       Skylake-SP                     oneDNN | in float32            fbgemm-u8, 7 bits
+    avx2-vnni    Alder Lake and later clients   oneDNN | in float32            onednn-u8, 8 bits
+    avx2         EPYC Zen 2 and 3, Haswell on   oneDNN | in float32            fbgemm-u8, 7 bits
+    x86          x86 without AVX2               PyTorch's | in float32         none (needs AVX2)
+    arm          Graviton, Apple, Ampere        PyTorch's | PyTorch's (BF16)   none
+                                                or in float32 (no BF16)
+    other        anything else                  PyTorch's | in float32         none
+
+* **products.** "oneDNN" is products.py's "onednn" route (packed weights, fused epilogues).
+  "in float32": a bfloat16 model on a CPU without bfloat16 instructions (AVX512-BF16, AMX-BF16;
+  BF16 on Arm) has its linear products computed in float32 on float32 copies of its weights,
+  the results rounded to bfloat16 (products.py's "float32" route): PyTorch's bfloat16 kernels
+  emulate those instructions there, several times slower than float32. bfloat16 is never
+  refused: it runs, and warns once a process that its products run in float32.
+  "PyTorch's": the module route, PyTorch's own kernels (on Arm, its NEON/SVE ones).
+* **int8 kernels** (precision.py): ``onednn-s8`` is ``torch._int_mm`` (int8 x int8 summed in
+  int32 by oneDNN's VNNI or AMX kernels; PyTorch sends it to oneDNN only where the CPU has
+  AVX512-VNNI, and to a scalar loop elsewhere). ``fbgemm-u8`` and ``onednn-u8`` take the
+  activations as unsigned 8-bit numbers (a token's values shifted by a zero point) against
+  int8 weights, with fbgemm's or oneDNN's kernels. Without VNNI those kernels multiply with
+  VPMADDUBSW, which adds two u8 x s8 products in 16 bits and saturates past 32,767: so the
+  activations keep 7 bits there (levels -63..63, as fbgemm's ``reduce_range``), 8 with VNNI
+  (``int8_levels``). fbgemm has no AVX-VNNI code, oneDNN has: so on avx2-vnni CPUs oneDNN's
+  kernel keeps 8 bits where fbgemm's would keep 7; on avx2 and avx512 fbgemm's is chosen.
+  Weights are int8 per output channel and activations per token on every kernel.
+  ``BERTLAB_INT8_KERNEL`` (``auto`` or a kernel's name) forces one; a kernel this CPU or this
+  PyTorch cannot run is refused by name, with the instruction set or operator it lacks, before
+  any product runs (never an illegal instruction).
+* **Compiled** (compiled.py) runs its program only in the precisions of ``COMPILED`` for the
+  class: those where it was measured faster than the model (amx and avx512-bf16: float32,
+  bfloat16 and int8 on onednn-s8). Elsewhere (int8 on the u8 kernels, which a compiled program
+  cannot call; bfloat16 without bfloat16 instructions; every precision on classes where it was
+  measured no faster, or not measured) ``Compiled`` calls the model itself, and says why
+  (``Policy.not_compiled``).
+
+Limits. The math libraries each take a limit on the instruction sets they use:
+``ONEDNN_MAX_CPU_ISA`` (oneDNN), ``ATEN_CPU_CAPABILITY`` (PyTorch's own kernels and
+torch.compile's code), ``FBGEMM_ENABLE_INSTRUCTIONS`` and ``MKL_ENABLE_INSTRUCTIONS``. A limit
+set on any of them narrows the features here, so the class is that of the CPU the libraries
+are allowed to use. Set together they simulate an older CPU on a newer one (AVX2:
+``ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 FBGEMM_ENABLE_INSTRUCTIONS=AVX2
+MKL_ENABLE_INSTRUCTIONS=AVX2``), as tests/test_cpu.py does.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+# ============================================================================ features
+# The instruction sets that matter here, by PyTorch's (cpuinfo's) names, in the order a limit
+# admits them. A limit names a level; every set up to that level stays.
+LEVELS: tuple[tuple[str, frozenset[str]], ...] = (
+    ("sse41", frozenset({"sse4_1"})),
+    ("avx", frozenset({"avx"})),
+    ("avx2", frozenset({"avx2", "fma3"})),
+    ("avx2_vnni", frozenset({"avx_vnni"})),
+    ("avx512_core", frozenset({"avx512_f", "avx512_bw", "avx512_vl", "avx512_dq", "avx512_cd"})),
+    ("avx512_core_vnni", frozenset({"avx512_vnni"})),
+    ("avx512_core_bf16", frozenset({"avx512_bf16"})),
+    ("avx512_core_fp16", frozenset({"avx512_fp16"})),
+    ("avx512_core_amx", frozenset({"amx_tile", "amx_int8", "amx_bf16"})),
+)
+X86_FLAGS = frozenset().union(*(flags for _, flags in LEVELS))
+ARM_FLAGS = frozenset({"asimd", "asimddp", "i8mm", "bf16", "sve", "sve2"})
+# each library's names for its levels (ours above); a name not listed sets no limit
+LIMITS = {
+    "ONEDNN_MAX_CPU_ISA": {
+        "SSE41": "sse41",
+        "AVX": "avx",
+        "AVX2": "avx2",
+        "AVX2_VNNI": "avx2_vnni",
+        "AVX2_VNNI_2": "avx2_vnni",
+        "AVX512_CORE": "avx512_core",
+        "AVX512_CORE_VNNI": "avx512_core_vnni",
+        "AVX512_CORE_BF16": "avx512_core_bf16",
+        "AVX512_CORE_FP16": "avx512_core_fp16",
+        "AVX10_1_512": "avx512_core_fp16",
+    },
+    # AVX-VNNI matters to bertlab only in oneDNN's int8 kernel (the other libraries have no
+    # level of their own for it: AVX2 is what they run on a CPU with AVX-VNNI), so only
+    # ONEDNN_MAX_CPU_ISA takes it away
+    "ATEN_CPU_CAPABILITY": {"DEFAULT": "sse41", "AVX2": "avx2_vnni"},
+    "FBGEMM_ENABLE_INSTRUCTIONS": {"AVX2": "avx2_vnni", "AVX512": "avx512_core"},
+    "MKL_ENABLE_INSTRUCTIONS": {"SSE4_2": "sse41", "AVX": "avx", "AVX2": "avx2_vnni",
+                                "AVX2_E1": "avx2_vnni", "AVX512": "avx512_core",
+                                "AVX512_E1": "avx512_core_vnni"},
+}  # fmt: skip
+# oneDNN's name for the highest level a feature set reaches (what it dispatches to)
+ONEDNN_ISA = {
+    "sse41": "SSE4.1",
+    "avx": "AVX",
+    "avx2": "AVX2",
+    "avx2_vnni": "AVX2_VNNI",
+    "avx512_core": "AVX512_CORE",
+    "avx512_core_vnni": "AVX512_CORE_VNNI",
+    "avx512_core_bf16": "AVX512_CORE_BF16",
+    "avx512_core_fp16": "AVX512_CORE_FP16",
+    "avx512_core_amx": "AVX512_CORE_AMX",
+}
+
+
+@dataclass(frozen=True)
+class Features:
+    """What a CPU can run, as the libraries bertlab calls see it."""
+
+    arch: str  # "x86_64", "aarch64", ...
+    model: str  # the CPU's model name
+    flags: frozenset[str]  # instruction sets (LEVELS, ARM_FLAGS), after the limits
+    limits: tuple[str, ...] = ()  # the limits that narrowed them ("ONEDNN_MAX_CPU_ISA=AVX2")
+    onednn: bool = True  # this PyTorch has oneDNN (and it is enabled)
+    onednn_bf16: bool = True  # oneDNN computes bfloat16 here (natively or not)
+    fbgemm: bool = True  # this PyTorch has fbgemm's int8 linear kernels
+    int_mm: bool = True  # this PyTorch has torch._int_mm
+
+    @property
+    def x86(self) -> bool:
+        return self.arch in ("x86_64", "amd64", "i386", "i686", "x86")
+
+    def level(self) -> str | None:
+        """The highest x86 level whose every set of instructions (and all below) is here."""
+        top = None
+        for name, flags in LEVELS:
+            if name == "avx2_vnni":  # a side branch: AVX-512 CPUs reach VNNI by avx512_core_vnni
+                continue
+            if not flags <= self.flags:
+                break
+            top = name
+        if top == "avx2" and "avx_vnni" in self.flags:
+            top = "avx2_vnni"
+        return top
+
+
+# /proc/cpuinfo's names that differ from cpuinfo's (PyTorch's)
+PROC_NAMES = {
+    "fma": "fma3",
+    "avx512f": "avx512_f",
+    "avx512bw": "avx512_bw",
+    "avx512vl": "avx512_vl",
+    "avx512dq": "avx512_dq",
+    "avx512cd": "avx512_cd",
+}
+
+
+def _hardware_flags() -> tuple[str, frozenset[str]]:
+    """(model name, instruction sets) from PyTorch's cpuinfo, else /proc/cpuinfo."""
+    model, flags = platform.processor() or "unknown", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key in ("model name", "Model name") and model in ("unknown", "", "x86_64"):
+                model = value.strip()
+            elif key in ("flags", "Features") and not flags:
+                flags = {PROC_NAMES.get(n, n) for n in value.split()}
+    except OSError:
+        pass
+    capabilities = getattr(torch.cpu, "get_capabilities", None)
+    if capabilities is not None:
+        try:
+            found = capabilities()
+        except Exception:  # noqa: BLE001 - cpuinfo could not read this CPU: /proc/cpuinfo's
+            found = {}
+        if found:
+            flags = {k for k, v in found.items() if v is True} | (flags & ARM_FLAGS)
+            if model == "unknown" and isinstance(found.get("cpu_name"), str):
+                model = found["cpu_name"]
+    return model, frozenset(flags & (X86_FLAGS | ARM_FLAGS))
+
+
+def _limits(environ: dict[str, str] | os._Environ) -> tuple[tuple[str, ...], frozenset[str]]:
+    """The limits set in ``environ`` and the instruction sets they allow (all, if none)."""
+    allowed = set(X86_FLAGS)
+    named: list[str] = []
+    for variable, levels in LIMITS.items():
+        value = environ.get(variable, "").strip().upper()
+        if variable == "ONEDNN_MAX_CPU_ISA" and not value:
+            value = environ.get("DNNL_MAX_CPU_ISA", "").strip().upper()
+        level = levels.get(value)
+        if level is None:
+            continue
+        named.append(f"{variable}={value}")
+        names = [n for n, _ in LEVELS]
+        below = {f for n, flags in LEVELS[: names.index(level) + 1] for f in flags}
+        if level != "avx2_vnni" and names.index(level) < names.index("avx512_core_vnni"):
+            below.discard("avx_vnni")  # (AVX2_VNNI is a level of its own)
+        allowed &= below
+    return tuple(named), frozenset(allowed)
+
+
+@functools.cache
+def features() -> Features:
+    """This CPU's features, narrowed by the libraries' limits (module docstring). Read once."""
+    model, flags = _hardware_flags()
+    arch = platform.machine().lower()
+    limits, allowed = _limits(os.environ)
+    if arch in ("x86_64", "amd64"):
+        flags = flags & allowed
+    onednn = bool(torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled)
+    quantized = getattr(torch.backends, "quantized", None)
+    engines = getattr(quantized, "supported_engines", ()) if quantized else ()
+    return Features(
+        arch=arch,
+        model=model,
+        flags=flags,
+        limits=limits,
+        onednn=onednn,
+        onednn_bf16=onednn and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+        fbgemm="fbgemm" in engines and _has_op("quantized", FBGEMM_LINEAR),
+        int_mm=hasattr(torch, "_int_mm"),
+    )
+
+
+FBGEMM_LINEAR = "linear_with_input_q_dq_qweight_dq_output_fp32"  # fbgemm's u8 x s8 -> float32
+
+
+def _has_op(namespace: str, name: str) -> bool:
+    try:
+        getattr(getattr(torch.ops, namespace), name)
+    except (AttributeError, RuntimeError):
+        return False
+    return True
+
+
+# ============================================================================ the policy
+INT8_KERNELS = ("onednn-s8", "fbgemm-u8", "onednn-u8")
+# the instruction sets a kernel needs, by (ours, a reader's) name
+NEEDS = {
+    "onednn-s8": ("avx512_vnni", "AVX512-VNNI"),
+    "fbgemm-u8": ("avx2", "AVX2"),
+    "onednn-u8": ("avx2", "AVX2"),
+}
+NO_BF16 = "this CPU has no bfloat16 instructions (AVX512-BF16 or AMX) for oneDNN"
+# the precisions in which Compiled's program was measured faster than the model, by class
+# (docs/performance.md); elsewhere Compiled calls the model
+COMPILED = {
+    "amx": ("float32", "bfloat16", "int8"),  # Sapphire Rapids Xeon
+    "avx512-bf16": ("float32", "bfloat16", "int8"),  # EPYC Zen 4
+}
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The choices for one CPU class (module docstring)."""
+
+    cpu_class: str
+    features: Features
+    int8_kernel: str | None  # one of INT8_KERNELS, or None (int8_why says why)
+    int8_why: str | None
+    int8_levels: int  # activations are rounded to -levels..levels: 127 (8 bits) or 63 (7)
+    bf16_native: bool
+    bf16_why: str | None  # why bfloat16 is not native here, or None
+    # how products.py computes a linear product, by the input's dtype (else "module")
+    products: dict[torch.dtype, str] = field(default_factory=dict)
+    compiled: frozenset[str] = frozenset()  # the precisions Compiled runs as its program
+    # why Compiled calls the model in each other precision ("float32", "bfloat16", "int8")
+    not_compiled: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def onednn_isa(self) -> str | None:
+        """oneDNN's name for the instructions it dispatches to here (None off x86)."""
+        level = self.features.level() if self.features.x86 else None
+        return None if level is None or not self.features.onednn else ONEDNN_ISA[level]
+
+    def describe(self) -> dict[str, object]:
+        """The class and its choices, as ``bertlab bench runtimes`` records them."""
+        f = self.features
+        return {
+            "class": self.cpu_class,
+            "model": f.model,
+            "arch": f.arch,
+            "flags": sorted(f.flags),
+            "limits": list(f.limits),
+            "onednn_isa": self.onednn_isa,
+            "aten_capability": torch.backends.cpu.get_cpu_capability(),
+            "int8_kernel": self.int8_kernel,
+            "int8_activation_bits": self.int8_levels.bit_length() + 1 if self.int8_kernel else None,
+            "int8_why": self.int8_why,
+            "bf16_native": self.bf16_native,
+            "bf16_why": self.bf16_why,
+            "products": {str(k).removeprefix("torch."): v for k, v in self.products.items()},
+            "compiled": sorted(self.compiled),
+            "not_compiled": dict(self.not_compiled),
+        }  # fmt: skip
+
+
+def classify(f: Features) -> str:
+    """The class of a feature set (module docstring)."""
+    if f.arch in ("aarch64", "arm64"):
+        return "arm"
+    if not f.x86:
+        return "other"
+    has = f.flags.__contains__
+    if has("amx_bf16") and has("amx_int8") and has("avx512_bf16"):
+        return "amx"
+    if has("avx512_f") and has("avx512_bw") and has("avx512_vl"):
+        if has("avx512_bf16") and has("avx512_vnni"):
+            return "avx512-bf16"
+        return "avx512-vnni" if has("avx512_vnni") else "avx512"
+    if has("avx2") and has("fma3"):
+        return "avx2-vnni" if has("avx_vnni") else "avx2"
+    return "x86"
+
+
+def _kernel_why(kernel: str, f: Features, cls: str) -> str | None:
+    """Why ``kernel`` cannot run here (the instruction set or operator it lacks), or None."""
+    if not f.x86:
+        return f"the {kernel} kernel runs on x86 CPUs; this one is {f.arch}"
+    flag, name = NEEDS[kernel]
+    if flag not in f.flags:
+        return f"the {kernel} kernel needs {name}, which this CPU ({cls}) does not have" + (
+            f" within {', '.join(f.limits)}" if f.limits else ""
+        )
+    if kernel == "onednn-s8" and not (f.int_mm and f.onednn):
+        return f"PyTorch {torch.__version__} has no oneDNN int8 matrix product (torch._int_mm)"
+    if kernel == "fbgemm-u8" and not f.fbgemm:
+        return f"PyTorch {torch.__version__} has no fbgemm int8 linear kernel"
+    if kernel == "onednn-u8" and not (f.onednn and _has_op("onednn", "qlinear_pointwise")):
+        return f"PyTorch {torch.__version__} has no oneDNN int8 linear kernel (qlinear_pointwise)"
+    return None
+
+
+def _int8(f: Features, cls: str, forced: str) -> tuple[str | None, str | None]:
+    """(kernel, None) or (None, why not)."""
+    if forced not in ("", "auto"):
+        if forced not in INT8_KERNELS:
+            return None, (
+                f"BERTLAB_INT8_KERNEL={forced} is not a kernel; choose auto or one of "
+                f"{', '.join(INT8_KERNELS)}"
+            )
+        why = _kernel_why(forced, f, cls)
+        return (None, f"BERTLAB_INT8_KERNEL={forced}: {why}") if why else (forced, None)
+    if not f.x86:
+        return None, (
+            f"bertlab's int8 kernels (oneDNN, fbgemm) are x86 ones, from AVX2 up; this CPU is "
+            f"{f.arch}"
+        )
+    # VNNI's (or AMX's) int8 x int8 products where PyTorch sends torch._int_mm to them; with
+    # AVX-VNNI alone, oneDNN's u8 kernel (its AVX-VNNI code keeps 8-bit activations, fbgemm has
+    # none and would keep 7); else the u8 kernels, fbgemm's first
+    if "avx512_vnni" in f.flags:
+        order = INT8_KERNELS
+    elif "avx_vnni" in f.flags:
+        order = ("onednn-u8", "fbgemm-u8")
+    else:
+        order = ("fbgemm-u8", "onednn-u8")
+    reasons = []
+    for kernel in order:
+        why = _kernel_why(kernel, f, cls)
+        if why is None:
+            return kernel, None
+        reasons.append(why)
+    if "avx2" not in f.flags:
+        return None, reasons[0]
+    return None, "; ".join(reasons)
+
+
+def int8_levels(kernel: str | None, f: Features) -> int:
+    """The activations' levels L (rounded to -L..L) of an int8 kernel on these features: 127
+    (8 bits) where the kernel sums with VNNI (or AMX), else 63 (7 bits). Without VNNI the u8
+    kernels multiply with VPMADDUBSW, which adds two u8 x s8 products in 16 bits and saturates
+    past 32,767; the activations enter shifted by the zero point L + 1, so a pair reaches
+    2 x 255 x 127 = 64,770 at L = 127 and 2 x 127 x 127 = 32,258 at L = 63."""
+    if kernel == "onednn-s8" or (kernel is not None and "avx512_vnni" in f.flags):
+        return 127
+    if kernel == "onednn-u8" and "avx_vnni" in f.flags:  # oneDNN's AVX-VNNI code (fbgemm has none)
+        return 127
+    return 63
+
+
+def policy(f: Features, environ: dict[str, str] | os._Environ | None = None) -> Policy:
+    """The choices for a feature set (module docstring). ``environ``: where BERTLAB_INT8_KERNEL
+    is read (the process's environment by default)."""
+    environ = os.environ if environ is None else environ
+    cls = classify(f)
+    kernel, int8_why = _int8(f, cls, environ.get("BERTLAB_INT8_KERNEL", "").strip().lower())
+    levels = int8_levels(kernel, f)
+    if f.x86:
+        native = f.onednn_bf16 and bool({"avx512_bf16", "amx_bf16"} & f.flags)
+        bf16_why = None if native else (
+            NO_BF16 if f.onednn else
+            "this PyTorch build has no oneDNN, which runs bfloat16 products on the CPU"
+        )  # fmt: skip
+    else:
+        native = "bf16" in f.flags
+        bf16_why = None if native else f"this {f.arch} CPU has no bfloat16 instructions (BF16)"
+    products: dict[torch.dtype, str] = {}
+    if f.x86 and f.onednn and "avx2" in f.flags:
+        products[torch.float32] = "onednn"
+        products[torch.bfloat16] = "onednn" if native else "float32"
+    elif not native:
+        products[torch.bfloat16] = "float32"
+    not_compiled: dict[str, str] = {}
+    if not native:
+        not_compiled["bfloat16"] = f"bfloat16 products run in float32 here ({bf16_why})"
+    if kernel is None:
+        not_compiled["int8"] = f"int8 does not run here ({int8_why})"
+    elif kernel != "onednn-s8":
+        not_compiled["int8"] = (
+            f"the int8 products run on the {kernel} kernel, which a compiled program cannot "
+            "call (it would compute them in float32)"
+        )
+    for precision in ("float32", "bfloat16", "int8"):
+        if precision not in COMPILED.get(cls, ()) and precision not in not_compiled:
+            not_compiled[precision] = (
+                f"the compiled program was not measured faster than the model on this class "
+                f"of CPU ({cls})"
+            )
+    compiled = frozenset(COMPILED.get(cls, ())) - set(not_compiled)
+    return Policy(
+        cpu_class=cls,
+        features=f,
+        int8_kernel=kernel,
+        int8_why=int8_why,
+        int8_levels=levels,
+        bf16_native=native,
+        bf16_why=bf16_why,
+        products=products,
+        compiled=compiled,
+        not_compiled=not_compiled,
+    )
+
+
+_CURRENT: list[Policy] = []  # (a plain global, which torch.compile reads without tracing into)
+
+
+def current() -> Policy:
+    """The policy of this machine and process, read once."""
+    if not _CURRENT:
+        _CURRENT.append(policy(features()))
+    return _CURRENT[0]
+
+
+def reset() -> None:
+    """Read the CPU and the environment again on the next ``current()`` (tests)."""
+    features.cache_clear()
+    _CURRENT.clear()
