@@ -3,7 +3,8 @@
 On a terminal the line is rewritten in place (``\\r``) and ended with a newline when the work
 ends, so the next message starts on a line of its own. Anywhere else (a log file, a pipe) a
 ``\\r`` would glue every update and the next message into one line, so the status is written
-as plain lines instead, at most one every ``every`` seconds, and the last one at the end.
+as plain lines instead, the first at once, then at most one every ``every`` seconds, and the
+last one at the end; ``note`` writes a line of its own at once.
 """
 
 from __future__ import annotations
@@ -35,6 +36,15 @@ class Progress:
             self.stream.write(text + "\n")
             self.stream.flush()
             self.shown, self.written_at = text, now
+
+    def note(self, text: str) -> None:
+        """A line of its own, written now whatever ``every`` says (e.g. what starts), leaving
+        the status's pace as it was; an open terminal status line is ended first."""
+        if self.live and self.open:
+            self.stream.write("\n")
+            self.open = False
+        self.stream.write(text + "\n")
+        self.stream.flush()
 
     def close(self) -> None:
         """End the status: the terminal line gets its newline; a log gets the final status."""

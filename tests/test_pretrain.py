@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 from pathlib import Path
 
@@ -264,7 +265,7 @@ def test_stopped_and_resumed_run_gives_the_same_losses(corpora, tmp_path, monkey
 
 
 def test_interrupted_pretrain_command_says_how_to_continue_and_exits_130(
-    corpora, tmp_path, monkeypatch, capsys
+    corpora, tmp_path, monkeypatch, capfd
 ):
     call = Phases.__call__
 
@@ -278,9 +279,11 @@ def test_interrupted_pretrain_command_says_how_to_continue_and_exits_130(
     args = ["pretrain", "--data", str(corpora["short"]), "--model", str(corpora["config"])]
     args += ["--steps", "4", "--batch-size", "4", "--log-every", "100", "-o", str(run)]
     assert main(args) == 130
-    err = capsys.readouterr().err
-    assert f"interrupted at step 2; checkpoint saved in {run}; continue with: bertlab " in err
-    assert "--resume" in err and (run / "checkpoints" / "step-00000002" / "state.json").exists()
+    err = capfd.readouterr().err
+    assert "SIGINT: stopping after the current step, saving a checkpoint in" in err
+    assert f"stopped at step 2, saved in {run / 'checkpoints'}" in err  # the checkpoint's folder
+    assert err.strip().splitlines()[-1].strip() == shlex.join(["bertlab", *args, "--resume"])
+    assert (run / "checkpoints" / "step-00000002" / "state.json").exists()
     monkeypatch.setattr(Phases, "__call__", call)
     assert main([*args, "--resume"]) == 0
     assert [r["step"] for r in _losses(run)] == [1, 2, 3, 4]

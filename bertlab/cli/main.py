@@ -32,10 +32,11 @@ from bertlab.cli.convert import add_parsers as add_convert_parsers
 from bertlab.cli.explore import add_parsers as add_explore_parsers
 from bertlab.cli.export import add_parsers as add_export_parsers
 from bertlab.cli.serve import add_parsers as add_serve_parsers
-from bertlab.cli.tasks import add_task_parsers
+from bertlab.cli.tasks import add_task_parsers, seconds
 from bertlab.extras import extra_for, missing_message
 from bertlab.files import BUNDLED_NAMES, resolve_model_dir
 from bertlab.nn.config import PRESETS, resolve_source
+from bertlab.train.demo import CAP_SECONDS
 
 DEMO_TEXT = "The quick brown fox jumps over the lazy dog."
 DEMO_REVIEW = "A warm, funny and beautifully acted film that stays with you."
@@ -91,17 +92,22 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def _demo_finetune(args: argparse.Namespace, directory: Path) -> int:
     """The rest of the journey: fine-tune a sentiment classifier on the bundled SST-2 sample,
-    report dev accuracy, classify a sentence the user types."""
+    planned to this machine's measured speed so that it fits in ``--seconds``
+    (``bertlab.train.demo``), report dev accuracy, classify a sentence the user types."""
+    import dataclasses
     import tempfile
 
     from bertlab.pipelines import pipeline
-    from bertlab.train.finetune import FinetuneConfig, finetune
+    from bertlab.train import demo, loop
+    from bertlab.train.finetune import FinetuneConfig, finetune, prepare
 
+    started = loop.clock()
     samples = Path(__file__).parents[1] / "data" / "samples"
     out = Path(args.output) if args.output else Path(tempfile.mkdtemp(prefix="bertlab-demo-"))
     print(
-        f"\nFine-tuning a sentiment classifier on the bundled SST-2 sample ({args.epochs:g} "
-        f"epochs, at most {args.seconds:g} s of training), into {out}"
+        f"\nFine-tuning a sentiment classifier on the bundled SST-2 sample within {args.seconds:g} "
+        f"s (--seconds), into {out}; first, a few steps timed on this machine",
+        flush=True,
     )
     config = FinetuneConfig(
         task="classify",
@@ -112,14 +118,49 @@ def _demo_finetune(args: argparse.Namespace, directory: Path) -> int:
         batch_size=32,
         max_length=64,
         lr=1e-4,
-        max_seconds=args.seconds,
+    )
+    prepared = prepare(config)
+    assert prepared.dev is not None, "the demo's config names a dev file"
+    speed = demo.measure(prepared)
+    left = args.seconds - (loop.clock() - started)
+    if left <= 0:
+        raise ValueError(
+            f"--seconds {args.seconds:g} went on timing this machine ({loop.clock() - started:.0f}"
+            " s); give the demo more seconds"
+        )
+    n_train, n_dev = len(prepared.train.features), len(prepared.dev.features)
+    plan = demo.plan(speed, left, n_train, n_dev, args.epochs)
+    epochs = plan.epochs(n_train)
+    whole = "the whole" if plan.full else "what fits of the"
+    print(
+        f"Timed: a step of 32 sentences {speed.step(32):.2f} s, of 16 {speed.step(16):.2f} s; "
+        f"{speed.per_dev * 1000:.1f} ms a dev sentence. Plan: {plan.steps} steps of "
+        f"{plan.batch_size} ({whole} {args.epochs:g} epochs: {epochs:.2f}), scored on "
+        f"{plan.dev_examples:,} dev sentences, about {plan.seconds:.0f} s",
+        flush=True,
+    )
+    dev = samples / "sst2_dev.tsv"
+    if plan.dev_examples < n_dev:  # the first sentences: a sample the evaluation has time for
+        lines = dev.read_text("utf-8").splitlines(keepends=True)[: plan.dev_examples + 1]
+        dev = Path(tempfile.mkdtemp(prefix="bertlab-demo-dev-")) / "sst2_dev.tsv"
+        dev.write_text("".join(lines), "utf-8")
+    config = dataclasses.replace(
+        config,
+        dev=str(dev),
+        batch_size=plan.batch_size,
+        epochs=epochs,
+        max_seconds=args.seconds - (loop.clock() - started),  # the cap holds whatever happens
     )
     result = finetune(config, out, overwrite=args.output is not None)
-    dev = result["dev"]
+    dev_figures = result["dev"]
+    if dev_figures is None:
+        print(f"No step fitted in {args.seconds:g} s on this machine; give it more (--seconds)")
+        return 1
     print(
-        f"Dev accuracy: {dev['accuracy']:.4f} on 1,000 held-out SST-2 sentences "
-        f"(F1 {dev['f1']:.4f}, MCC {dev['mcc']:.4f}), after {result['steps']} steps in "
-        f"{result['seconds']:.0f} s; the model is in {out / 'model'}"
+        f"Dev accuracy: {dev_figures['accuracy']:.4f} on {plan.dev_examples:,} held-out SST-2 "
+        f"sentences (F1 {dev_figures['f1']:.4f}, MCC {dev_figures['mcc']:.4f}), after "
+        f"{result['steps']} steps in {result['wall_seconds']:.0f} s; the model is in "
+        f"{out / 'model'}"
     )
     classify = pipeline("classify", str(out / "model"))
     sentence = args.sentence if args.sentence is not None else demo_sentence(sys.stdin)
@@ -354,8 +395,16 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--model", default=BUNDLED_NAMES[0], help="model folder (default: bundled)")
     demo.add_argument("--text", default=DEMO_TEXT, help="the sentence to run")
     demo.add_argument("--sentence", help="the sentence to classify (default: ask, or an example)")
-    demo.add_argument("--epochs", type=float, default=2.0, help="fine-tuning epochs")
-    demo.add_argument("--seconds", type=float, default=180.0, help="fine-tuning time budget")
+    demo.add_argument(
+        "--epochs", type=float, default=2.0, help="fine-tuning epochs, where the cap holds them"
+    )
+    demo.add_argument(
+        "--seconds",
+        type=seconds,
+        default=CAP_SECONDS,
+        help="the cap on the fine-tuning, timing the machine and evaluating included: the run "
+        f"is planned to the measured speed to fit in it (default {CAP_SECONDS:g})",
+    )
     demo.add_argument("--output", help="fine-tuning run folder (default: a new temporary one)")
     demo.add_argument("--no-finetune", action="store_true", help="stop after the sentence run")
     demo.set_defaults(func=cmd_demo)
@@ -438,6 +487,7 @@ def main(argv: list[str] | None = None) -> int:
     went away (``bertlab tokenize ... | head -1``): quietly, as other tools."""
     argv = default_subcommand(list(sys.argv[1:] if argv is None else argv))
     args = build_parser().parse_args(argv)
+    args.argv = argv  # as given, for the command that resumes a stopped run
     try:
         code = args.func(args)
         sys.stdout.flush()  # a closed pipe shows here, not at exit, where it can't be caught

@@ -4,13 +4,53 @@ verbs of the command line (``bertlab.cli.main`` holds the others, and ``main``).
 from __future__ import annotations
 
 import argparse
+import math
+import os
+import shlex
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from bertlab.files import BUNDLED_NAMES
 from bertlab.nn.config import PRESETS
+
+if TYPE_CHECKING:
+    from bertlab.train.loop import TrainingInterrupted
+
+
+def seconds(text: str) -> float:
+    """An argparse type: a time budget, a finite number of seconds above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text}")
+    return value
+
+
+def rerun_with_resume(args: argparse.Namespace, torchrun: bool = False) -> str:
+    """The command line that continues a stopped run: the one given (``args.argv``, set by
+    ``main``; else ``sys.argv``) without ``--overwrite`` or ``--resume [auto]``, with
+    ``--resume``. Under torchrun the same launcher must start it, which it cannot see."""
+    words = list(getattr(args, "argv", None) or sys.argv[1:])
+    kept: list[str] = []
+    skip = False
+    for i, word in enumerate(words):
+        if skip:
+            skip = False
+            continue
+        name = word.split("=", 1)[0]
+        if len(name) >= 4 and "--overwrite".startswith(name):
+            continue
+        if len(name) >= 3 and "--resume".startswith(name):
+            skip = "=" not in word and i + 1 < len(words) and words[i + 1] == "auto"
+            continue
+        kept.append(word)
+    command = shlex.join(["bertlab", *kept, "--resume"])
+    return f"torchrun (as before) ... {command}" if torchrun else command
 
 
 def cmd_pretrain(args: argparse.Namespace) -> int:
@@ -19,6 +59,13 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     from bertlab.train.pretrain import PretrainConfig, pretrain
 
     distributed = launched()  # by torchrun: one process of several
+    if not distributed or int(os.environ.get("RANK", "0")) == 0:  # something at once
+        print(
+            f"pretrain: checking the settings, the corpus in {args.data} and the memory, then "
+            f"training into {args.output}",
+            file=sys.stderr,
+            flush=True,
+        )
     device = start(args.device, args.dist_timeout) if distributed else args.device
     try:
         steps = args.steps
@@ -61,11 +108,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
             metrics = pretrain(config, resume=args.resume, overwrite=args.overwrite)
         except TrainingInterrupted as stop:
             if main_rank:
-                print(
-                    f"interrupted at step {stop.step}; checkpoint saved in {args.output}; "
-                    "continue with: bertlab pretrain ... --resume (the same options)",
-                    file=sys.stderr,
-                )
+                print(_stopped(stop, rerun_with_resume(args, distributed)), file=sys.stderr)
             return 130  # as a shell reports a process that SIGINT ended
         if not main_rank:
             return 0
@@ -80,6 +123,17 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     finally:
         if distributed and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+
+
+def _stopped(stop: TrainingInterrupted, command: str) -> str:
+    """What a stopped run says: where it stands and the command that continues it, in full."""
+    if stop.checkpoint is None:
+        return "\nstopped before any checkpoint was saved: the same command starts over"
+    if getattr(stop, "at_once", False):
+        where = f"stopped at once; the last checkpoint is step {stop.step}, in {stop.checkpoint}"
+    else:
+        where = f"stopped at step {stop.step}, saved in {stop.checkpoint}"
+    return f"\n{where}; continue with:\n  {command}"
 
 
 def cmd_finetune(args: argparse.Namespace) -> int:
@@ -114,11 +168,7 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     try:
         r = finetune(config, args.output, overwrite=args.overwrite, resume=args.resume)
     except TrainingInterrupted as e:
-        print(
-            f"\nstopped at step {e.step}, saved in {e.checkpoint}; continue with:\n"
-            f"  {resume_command(config, args.output)}",
-            file=sys.stderr,
-        )
+        print(_stopped(e, resume_command(config, args.output)), file=sys.stderr)
         return 130  # as a shell reports a program ended by Ctrl-C
     except KeyboardInterrupt:  # outside the training loop (reading the data, saving)
         print("\ninterrupted before training started or after it ended", file=sys.stderr)
@@ -282,9 +332,11 @@ def add_task_parsers(sub: argparse._SubParsersAction) -> None:
     pt.add_argument("--device", default="cpu", help="cpu or cuda (one per process)")
     pt.add_argument(
         "--max-seconds",
-        type=float,
-        help="a training-time budget: the steps that fit are planned after a few timed ones, "
-        "and warm-up and decay are fitted to them (evaluation time not counted)",
+        type=seconds,
+        help="a budget for the whole run: setting up, training, evaluations and checkpoints "
+        "all count. The steps that fit are planned after a few timed ones, warm-up and decay "
+        "are fitted to them, and no step starts unless it (predicted from the slowest recent "
+        "steps) and the final evaluation and checkpoint still fit",
     )
     pt.add_argument("--seed", type=int, default=0)
     pt.add_argument("--log-every", type=int, default=10)
@@ -324,9 +376,12 @@ def add_task_parsers(sub: argparse._SubParsersAction) -> None:
     ft.add_argument("--max-train-examples", type=int, help="a random subset of the training set")
     ft.add_argument(
         "--max-seconds",
-        type=float,
-        help="a budget of training seconds; the learning-rate schedule is planned to the steps "
-        "that fit. Reading the data and dev evaluations are not counted",
+        type=seconds,
+        help="a budget for the whole run: reading the data, training, dev evaluations and the "
+        "checkpoint all count (the final evaluation's time is measured on a dev batch "
+        "first and kept free). The learning-rate schedule is planned to the steps that fit, and "
+        "no step starts unless it (predicted from the slowest recent steps) and the final "
+        "evaluation still fit",
     )
     ft.add_argument("--seed", type=int, default=0)
     ft.add_argument(

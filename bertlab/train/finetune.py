@@ -11,9 +11,13 @@ this module only runs them: the data is read and checked first (columns and labe
 reported, bad rows named), then the loop of ``bertlab.train.loop`` runs, evaluating on the dev
 set after every epoch (and when a ``max_seconds`` budget runs out) and keeping the best model.
 
-``max_seconds`` counts training time only: reading and encoding the data and the dev
-evaluations are not charged to it. The loop plans the learning-rate schedule (warm-up, then
-decay to zero) to the steps that fit in the budget.
+``max_seconds`` bounds the wait for the whole run: reading and encoding the data, training, the
+dev evaluations and the checkpoint all count. Before the first step a batch of dev features is
+timed through the model and scaled to the whole set (``evaluation_seconds``), so that the budget
+keeps room for the final evaluation from the start; the loop plans the steps that fit, with
+the learning-rate schedule (warm-up, then decay to zero) laid over them, and starts no step
+that would leave no room for itself and the final evaluation. What is left after the loop
+(moving the best model into place, ``curves.png``) takes about a second.
 
 A run stopped by Ctrl-C or SIGTERM leaves a checkpoint; ``resume=True`` (``--resume``) continues
 it exactly: same batches in the same order, same random states, same final weights as a run
@@ -40,10 +44,11 @@ import torch
 
 from bertlab.nn.config import resolve_source
 from bertlab.tasks.classify import ClassificationTask
-from bertlab.tasks.finetuning import FinetuneTask, Split
+from bertlab.tasks.finetuning import FinetuneTask, Split, run_model
 from bertlab.tasks.qa import QuestionAnsweringTask
 from bertlab.tasks.tag import TaggingTask
 from bertlab.tokenizer import BertTokenizer
+from bertlab.train import loop
 from bertlab.train.loop import TrainConfig, train
 from bertlab.train.memory import check_fits, step_memory
 from bertlab.train.runs import CHECKPOINT, RUN_FILE, check_run_folder
@@ -70,7 +75,7 @@ class FinetuneConfig:
     weight_decay: float = 0.01
     max_length: int | None = None  # default: the task's (128; qa 384)
     max_train_examples: int | None = None  # a random subset of the training data
-    max_seconds: float | None = None  # a budget of training seconds (see the module docstring)
+    max_seconds: float | None = None  # a budget of the whole run's seconds (see the docstring)
     seed: int = 0
     dropout: float | None = None  # hidden and attention dropout (default: the model's own)
     precision: str = "float32"
@@ -154,6 +159,33 @@ def check_memory(model: torch.nn.Module, features: list[dict], config: FinetuneC
     check_fits(estimate, f"--batch-size {config.batch_size}", config.device, resident)
 
 
+EVAL_MARGIN = 1.2  # room on the estimate of an evaluation: the best model's saving, noise
+
+
+def evaluation_seconds(task: FinetuneTask, model: torch.nn.Module, dev: Split) -> float:
+    """One dev evaluation's seconds, estimated by measuring: a batch of ``task.eval_batch_size``
+    features drawn evenly from the dev set, run twice (the faster counts: the first pays the
+    one-off costs), scaled by tokens to the whole set, with ``EVAL_MARGIN`` of room. Tokens,
+    not padded ones: inference removes padding. A smaller probe would be cheaper but wrong:
+    small batches cost several times more a token. Runs on the model's device, in eval mode,
+    without gradients."""
+    features = dev.features
+    if not features:
+        return 0.0
+    size = task.eval_batch_size
+    sample = features[:: max(1, len(features) // size)][:size]
+    took = []
+    for _ in range(2):
+        t0 = loop.clock()
+        run_model(model, sample, size, lambda out, batch: [])
+        took.append(loop.clock() - t0)
+
+    def tokens(rows: list[dict]) -> int:
+        return sum(len(f["input_ids"]) for f in rows)
+
+    return min(took) * tokens(features) / tokens(sample) * EVAL_MARGIN
+
+
 def prepare(config: FinetuneConfig, progress: bool = False) -> Prepared:
     """Read and check the data, encode it, build the task and the starting model, and check
     that a batch fits in memory."""
@@ -207,6 +239,7 @@ def finetune(
     if resume and overwrite:
         raise ValueError("pass --resume to continue a run or --overwrite to replace it, not both")
     started = time.perf_counter()
+    budget_from = loop.clock()  # what max_seconds counts starts here
     out = Path(out_dir)
     settings = json.loads(json.dumps(asdict(config)))  # as run.json holds them
     check_run_folder(out, settings, resume, overwrite)
@@ -259,6 +292,12 @@ def finetune(
         return result
 
     data = run.batches(config.batch_size, config.seed)
+    eval_seconds = 0.0
+    if config.max_seconds is not None and dev is not None:
+        model.to(config.device)
+        eval_seconds = evaluation_seconds(task, model, dev)
+        if progress:
+            print(f"one dev evaluation: ~{eval_seconds:.1f} s (a batch of it timed)")
     last = train(
         model,
         task,
@@ -267,6 +306,8 @@ def finetune(
         resume=resume,
         evaluate=evaluate if dev is not None else None,
         eval_every=run.per_epoch,
+        started=budget_from,
+        eval_seconds=eval_seconds,
     )
     step = int(last.get("step", 0))
     # A finished run has nothing to resume: its checkpoint (optimiser state included, twice
@@ -286,8 +327,8 @@ def finetune(
         "report": run.report,
         "steps": step,
         "planned_steps": int(last.get("planned_steps", run.steps)),  # the plan of a budget
-        # What max_seconds counts: training time over the whole run, a resumed run's included;
-        # evaluation and wall time are this call's.
+        # Training time over the whole run, a resumed run's included (max_seconds counts the
+        # wall time, evaluation included); evaluation and wall time are this call's.
         "seconds": float(last.get("train_seconds", 0.0)),
         "eval_seconds": spent["eval"],
         "wall_seconds": time.perf_counter() - started,

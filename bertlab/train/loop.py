@@ -12,8 +12,10 @@ counts a checkpoint only once it is written whole: ``bertlab.train.runs``), a me
 progress line. A loss that is not finite stops the run, naming the step and the last good
 checkpoint. A signal saves a checkpoint, then ``TrainingInterrupted`` leaves ``train``.
 
-A time budget (``TrainConfig.max_seconds``) is planned, not just enforced: the loop times a few
-steps, fixes how many steps fit, and fits the learning-rate schedule to them (see ``Plan``).
+A time budget (``TrainConfig.max_seconds``) bounds the whole wait, evaluations and checkpoints
+included, and is planned, not just enforced: the loop times a few steps, fixes how many steps
+fit with room for the evaluations, and fits the learning-rate schedule to them (see ``Plan``);
+no step starts that would leave no room for itself and the final evaluation.
 
 Many processes (``torchrun``; the caller has run ``torch.distributed.init_process_group``): the
 model is wrapped in DistributedDataParallel and the task runs inside the wrapper's forward pass,
@@ -35,6 +37,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import random
 import signal
 import threading
@@ -73,27 +76,44 @@ class TrainingInterrupted(KeyboardInterrupt):
     """SIGINT or SIGTERM stopped ``train``: the step finished, its checkpoint saved.
 
     ``step``: the optimizer steps done; ``checkpoint``: the saved file (None when the run keeps
-    no checkpoints); ``signum``: the signal. A KeyboardInterrupt, so a caller that does not
+    no checkpoints); ``signum``: the signal; ``at_once``: a second Ctrl-C stopped the run in
+    the middle of a step, so ``step`` and ``checkpoint`` are the last checkpoint's (None when
+    none was saved yet). A KeyboardInterrupt, so a caller that does not
     catch it stops as on Ctrl-C; ``bertlab pretrain`` catches it and says how to continue.
     """
 
-    def __init__(self, step: int, checkpoint: Path | None, signum: int = signal.SIGINT):
+    def __init__(
+        self,
+        step: int,
+        checkpoint: Path | None,
+        signum: int = signal.SIGINT,
+        at_once: bool = False,
+    ):
         where = f"checkpoint saved in {checkpoint}" if checkpoint else "no checkpoint kept"
+        if at_once:
+            where = (
+                f"stopped at once; the last checkpoint is in {checkpoint}"
+                if checkpoint
+                else "stopped at once, before any checkpoint was saved"
+            )
         super().__init__(f"interrupted at step {step}; {where}")
         self.step = step
         self.checkpoint = checkpoint
         self.signum = signum
+        self.at_once = at_once
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     """The optimisation settings of a run.
 
-    ``max_seconds``: a budget of training time (forward, backward, update and data; evaluation
-    and checkpoint writing are not counted, and a resumed run continues the clock of the one it
-    resumes). The loop times the first steps, plans how many of ``steps`` fit, scales warm-up
-    and decay to that plan so that the learning rate reaches 0 at the budget (see ``Plan``), and
-    never starts a step that would pass the budget.
+    ``max_seconds``: a budget of the run's wall time: training steps, evaluations and checkpoint
+    writing all count, from ``train``'s ``started`` (the caller's start, so that reading the
+    data counts too); a resumed run continues the clock of the one it resumes. The loop times
+    the first steps, plans how many of ``steps`` fit with room for the evaluations, scales
+    warm-up and decay to that plan so that the learning rate reaches 0 at the budget (see
+    ``Plan``), and never starts a step unless the step (predicted as the slowest of the recent
+    ones), the evaluation due after it and the final checkpoint still fit.
     """
 
     out_dir: str
@@ -112,7 +132,7 @@ class TrainConfig:
     save_every: int = 0  # 0 = only at the end (and on SIGINT/SIGTERM)
     device: str = "cpu"
     compile: bool = False  # torch.compile the model (dynamic shapes)
-    max_seconds: float | None = None  # a training-time budget, planned (see the docstring)
+    max_seconds: float | None = None  # a wall-time budget, planned (see the docstring)
     checkpoints: bool = True  # False: no checkpoint.pt at all (a run that will not resume)
 
     def __post_init__(self) -> None:
@@ -198,6 +218,9 @@ TIMED_SECONDS = 60.0  # or this long, whichever is shorter
 PLAN_SHARE = 0.9
 
 
+RECENT_STEPS = 5  # the next step is predicted as the slowest of this many recent ones
+
+
 @dataclass(frozen=True)
 class Plan:
     """How many steps a time budget holds, fixed once and kept in the checkpoint.
@@ -206,13 +229,15 @@ class Plan:
     and ``TIMED_FRACTION`` of the budget (or ``TIMED_SECONDS``), takes their mean time
     (``seconds_per_step``, averaged over ranks so every rank plans alike) and fits the rest of
     the budget: ``steps`` = the steps done + the whole steps that ``PLAN_SHARE`` of the
-    remaining seconds hold, never more than ``TrainConfig.steps``. From then on the schedule
-    warms up over ``warmup`` steps (``TrainConfig.warmup_steps`` scaled by steps /
-    ``TrainConfig.steps``) and decays to 0 at ``steps``; the few steps before the plan ran on
-    the unplanned schedule's first values. Should the steps slow down so that the planned ones
-    no longer fit (a busy machine, longer batches), the plan is fitted again, shorter, from the
-    mean step time so far, so that the run still ends on its schedule. A resumed run keeps the
-    plan, so it takes the very steps of an unbroken one.
+    remaining seconds hold, once the final evaluation and checkpoint (``reserve``) and the
+    evaluations due on the way (``eval_every``, ``eval_seconds`` each) are set aside, never
+    more than ``TrainConfig.steps``. From then on the schedule warms up over ``warmup`` steps
+    (``TrainConfig.warmup_steps`` scaled by steps / ``TrainConfig.steps``) and decays to 0 at
+    ``steps``; the few steps before the plan ran on the unplanned schedule's first values.
+    Should the steps slow down so that the planned ones no longer fit (a busy machine, longer
+    batches), the plan is fitted again, shorter, from the mean step time so far, so that the run
+    still ends on its schedule. A resumed run keeps the plan, so it takes the very steps of an
+    unbroken one.
     """
 
     steps: int
@@ -220,13 +245,37 @@ class Plan:
     seconds_per_step: float
 
     @classmethod
-    def fit(cls, config: TrainConfig, done: int, elapsed: float, per_step: float) -> Plan:
+    def fit(
+        cls,
+        config: TrainConfig,
+        done: int,
+        elapsed: float,
+        per_step: float,
+        reserve: float = 0.0,
+        eval_every: int = 0,
+        eval_seconds: float = 0.0,
+    ) -> Plan:
         assert config.max_seconds is not None, "a plan needs a time budget"
-        left = max(0.0, config.max_seconds - elapsed) * PLAN_SHARE
-        fits = math.floor(left / per_step) if per_step > 0 else config.steps
-        steps = max(done, min(config.steps, done + fits))
+        left = max(0.0, config.max_seconds - elapsed - reserve) * PLAN_SHARE
+        fits = config.steps - done
+        if per_step > 0 or eval_seconds > 0:
+            per = per_step + (eval_seconds / eval_every if eval_every else 0.0)
+            fits = min(fits, math.floor(left / per) + 1 if per > 0 else fits)
+            # The evaluations between here and the end (the final one is in ``reserve``).
+            while fits > 0 and (
+                fits * per_step + evaluations(done, done + fits, eval_every) * eval_seconds > left
+            ):
+                fits -= 1
+        steps = max(done, min(config.steps, done + max(0, fits)))
         warmup = round(config.warmup_steps * steps / config.steps)
         return cls(steps, warmup, per_step)
+
+
+def evaluations(done: int, end: int, every: int) -> int:
+    """The evaluations every ``every`` steps after step ``done`` and before step ``end``."""
+    if not every or end <= done + 1:
+        return 0
+    return (end - 1) // every - done // every
 
 
 # ============================================================================ the loop
@@ -271,6 +320,8 @@ class Run:
         evaluate: Callable[[nn.Module, int], dict[str, float]] | None = None,
         eval_every: int = 0,
         checkpoints: Checkpoints | None = None,
+        started: float | None = None,
+        eval_seconds: float = 0.0,
     ):
         self.config, self.data = config, data
         self.evaluate_fn, self.eval_every = evaluate, eval_every
@@ -290,6 +341,14 @@ class Run:
         self.saved: int | None = None  # the step of the last checkpoint
         self.seconds_before = 0.0  # training seconds of the runs this one continues
         self.untimed_seconds = 0.0  # evaluation and checkpoint writing: not training time
+        self.spent_before = 0.0  # budget seconds (all of them) of the runs this one continues
+        # One evaluation's seconds: the caller's estimate, then the slowest one measured; and the
+        # slowest checkpoint. The budget keeps room for them at the end of the run.
+        self.eval_seconds = eval_seconds if evaluate is not None and eval_every else 0.0
+        self.evaluated = False  # an evaluation was measured in this process
+        self.save_seconds = 0.0
+        self.durations: list[float] = []  # training seconds of each step of this process
+        self.why_late = ""  # what the guard predicted when it stopped the run
         self.tokens = 0  # real (unpadded) tokens this process's run has trained on
         self.ends: list[float] = []  # training seconds at the end of each step of this process
         self.signum = 0  # the signal this process received
@@ -297,8 +356,16 @@ class Run:
         self.late = False  # the next step would pass the time budget
         if resume:
             self.restore()
-        if config.max_seconds is not None and self.seconds_before >= config.max_seconds:
-            self.late = True  # a resumed run whose budget is already spent
+        self.budget_from = clock() if started is None else started
+        if config.max_seconds is not None and self.spent() + self.reserve() >= config.max_seconds:
+            # A resumed run whose budget is spent, or one whose preparation spent it, or
+            # whose final evaluation alone would pass it.
+            self.late = True
+            self.why_late = f"{self.spent():.1f} s spent before the first step" + (
+                f", and the final evaluation (~{self.reserve():.2g} s) would not fit after it"
+                if self.reserve()
+                else ""
+            )
         # Wrapped after restore: DDP broadcasts rank 0's weights when it is built.
         self.ddp: nn.parallel.DistributedDataParallel | None = None
         self.forward: nn.Module = _Forward(self.model, task)
@@ -330,6 +397,24 @@ class Run:
         checkpoint writing left out)."""
         return self.seconds_before + clock() - self.started - self.untimed_seconds
 
+    def spent(self) -> float:
+        """What the time budget counts: every second since the budget's start (training,
+        evaluation, checkpoints, the caller's preparation), over this run and the ones it
+        continues."""
+        return self.spent_before + clock() - self.budget_from
+
+    def reserve(self) -> float:
+        """Seconds kept for the end of the run: its final evaluation and checkpoint."""
+        return self.eval_seconds + (self.save_seconds if self.config.checkpoints else 0.0)
+
+    def evaluation_due(self) -> bool:
+        """Whether an evaluation runs after the step just done, whatever the budget says."""
+        return (
+            self.evaluate_fn is not None
+            and bool(self.eval_every)
+            and (self.done % self.eval_every == 0 or self.done == self.total)
+        )
+
     # ------------------------------------------------------------------ the steps
     def restore(self) -> None:
         """Continue from the newest readable checkpoint: weights, optimiser, RNG, step, plan."""
@@ -349,6 +434,7 @@ class Run:
         self.done = self.saved = int(state["step"])
         self.plan = Plan(**state["plan"]) if state.get("plan") else None
         self.seconds_before = float(state.get("train_seconds", 0.0))
+        self.spent_before = float(state.get("spent_seconds", self.seconds_before))
         if self.main:
             logger.warning("resuming %s at step %d", self.out, self.done)
 
@@ -399,9 +485,14 @@ class Run:
 
     def time_plan(self) -> None:
         """After a step, with a time budget: fix the plan once enough steps are timed, and
-        decide (the same on every rank) whether the next step still fits in the budget."""
+        decide (the same on every rank) whether the next step still fits in the budget: the
+        next step, predicted as the slowest of the last ``RECENT_STEPS`` (the first steps'
+        one-off costs left out once there are others), the evaluation due after this step, and
+        room for the final evaluation and checkpoint."""
         c = self.config
         self.ends.append(self.seconds())
+        previous = self.ends[-2] if len(self.ends) > 1 else self.seconds_before
+        self.durations.append(self.ends[-1] - previous)
         if c.max_seconds is None:
             return
         n, timed = len(self.ends), 0.0
@@ -413,40 +504,83 @@ class Run:
         enough = n >= SKIPPED_STEPS + TIMED_STEPS and (
             timed >= min(TIMED_FRACTION * c.max_seconds, TIMED_SECONDS)
         )
+        # A budget too short to wait for the timed steps (twice their seconds would not fit):
+        # plan now, from the steps timed so far (one at least, past the skipped ones), rather
+        # than spend it on the unplanned schedule.
+        to_time = max(0, SKIPPED_STEPS + TIMED_STEPS - n)
+        tight = c.max_seconds - self.spent() - self.reserve() < 2 * to_time * per_step
+        enough = enough or (n > SKIPPED_STEPS and tight)
+        recent = self.durations[SKIPPED_STEPS:] or self.durations
+        next_step = max(recent[-RECENT_STEPS:])
+        pending = self.eval_seconds if self.evaluation_due() else 0.0
+        spent = self.spent()
+        ends_at = spent + pending + next_step + self.reserve()
         # One message: every rank learns whether any rank is late or ready to plan, and the
-        # mean step time and training time, so that all stop, and plan, at the same step.
-        late, ready, per_step, elapsed = sum_over_ranks(
+        # mean step time, seconds spent and room kept at the end, so that all stop, and plan,
+        # at the same step.
+        late, ready, *means = sum_over_ranks(
             [
-                float(self.ends[-1] + per_step > c.max_seconds),
+                float(ends_at > c.max_seconds),
                 float(enough),
                 per_step,
-                self.ends[-1],
+                spent,
+                pending,
+                self.reserve(),
+                self.eval_seconds,
             ]
         )
-        per_step, elapsed = per_step / self.world_size, elapsed / self.world_size
+        per_step, elapsed, pending, reserve, eval_seconds = (m / self.world_size for m in means)
         self.late = late > 0
+        if self.late:
+            self.why_late = (
+                f"{spent:.1f} s spent; the next step (~{next_step:.2g} s, the slowest of the "
+                f"last {min(len(recent), RECENT_STEPS)})"
+                + (f", the evaluation due now (~{pending:.2g} s)" if pending else "")
+                + (f" and the final evaluation and checkpoint (~{self.reserve():.2g} s)")
+                + f" would end at {ends_at:.1f} s"
+            )
+        remaining = 0.0
+        if self.plan is not None and self.done < self.plan.steps:
+            left = self.plan.steps - self.done
+            remaining = (
+                pending
+                + left * per_step
+                + evaluations(self.done, self.plan.steps, self.eval_every) * eval_seconds
+                + reserve
+            )
         replan = (  # steps that slowed down since the plan would not all fit: it shrinks
             self.plan is not None
             and self.done < self.plan.steps
-            and elapsed + (self.plan.steps - self.done) * per_step > c.max_seconds
+            and elapsed + remaining > c.max_seconds
         )
         if (self.plan is None and ready > 0) or replan:
-            self.plan = Plan.fit(c, self.done, elapsed, per_step)
+            self.plan = Plan.fit(
+                c,
+                self.done,
+                elapsed + pending,
+                per_step,
+                reserve,
+                self.eval_every if self.evaluate_fn is not None else 0,
+                eval_seconds,
+            )
             if self.main:
+                kept = f", {reserve:.3g}s kept for the final evaluation and checkpoint"
                 logger.warning(
-                    "time budget %gs: %d of %d steps fit (%.3gs a step); warm-up %d steps, "
+                    "time budget %gs: %d of %d steps fit (%.3gs a step%s); warm-up %d steps, "
                     "the learning rate decays to 0 at step %d",
                     c.max_seconds,
                     self.plan.steps,
                     c.steps,
                     per_step,
+                    kept if reserve > 0 else "",
                     self.plan.warmup,
                     self.plan.steps,
                 )
 
     def evaluate(self, metrics: dict[str, float]) -> None:
         """Held-out metrics (``eval_*``) every ``eval_every`` steps and at the end, on the
-        unwrapped model in eval mode; their time is not training time."""
+        unwrapped model in eval mode; their time is not training time (the budget counts it,
+        and keeps room for the slowest evaluation measured: the caller's estimate until then)."""
         if self.evaluate_fn is None or not self.eval_every:
             return
         if not (self.done % self.eval_every == 0 or self.done == self.total or self.late):
@@ -457,7 +591,11 @@ class Run:
             result = self.evaluate_fn(self.model, self.done)
         self.model.train()
         metrics.update({f"eval_{k}": v for k, v in result.items()})
-        self.untimed_seconds += clock() - t0
+        took = clock() - t0
+        self.untimed_seconds += took
+        # The caller's estimate until one is measured; then the slowest measured.
+        self.eval_seconds = max(self.eval_seconds, took) if self.evaluated else took
+        self.evaluated = True
 
     def log(self, metrics: dict[str, float], file: Any, progress: Progress | None) -> None:
         """Throughput, time and plan into the metrics; one JSON line; the progress line."""
@@ -470,7 +608,7 @@ class Run:
             file.write(json.dumps(metrics) + "\n")
             file.flush()
         if progress is not None and (
-            self.done % self.config.log_every == 0 or self.done == self.total
+            self.done % self.config.log_every == 0 or self.done in (1, self.total)
         ):
             rate = len(self.ends) / run_seconds if run_seconds > 0 else 0.0
             eta = (self.total - self.done) / rate if rate > 0 else 0.0
@@ -502,19 +640,43 @@ class Run:
             "step": self.done,
             "plan": asdict(self.plan) if self.plan else None,
             "train_seconds": self.seconds(),
+            "spent_seconds": self.spent(),
             "config": asdict(self.config),
         }
         self.checkpoint_path = self.store.save(self.model, self.optimizer, state, wait)
-        self.untimed_seconds += clock() - t0
+        took = clock() - t0
+        self.untimed_seconds += took
+        self.save_seconds = max(self.save_seconds, took)
         return self.checkpoint_path
 
     @contextmanager
     def signals(self) -> Iterator[None]:
-        """SIGINT and SIGTERM ask the run to stop after the current step (handlers can only be
-        installed from the main thread; elsewhere signals keep their handlers)."""
+        """SIGINT and SIGTERM ask the run to stop after the current step, and rank 0 says so at
+        once; a second SIGINT stops at once, from the last checkpoint saved
+        (``TrainingInterrupted`` with ``at_once``). Handlers can only be installed from the
+        main thread; elsewhere signals keep their handlers."""
 
         def on_signal(signum: int, _frame: Any) -> None:
+            name = signal.Signals(signum).name
+            if self.signum and signum == signal.SIGINT:
+                last = self.checkpoint_path if self.saved is not None else None
+                raise TrainingInterrupted(self.saved or 0, last, signum, at_once=True)
             self.signum = signum
+            if self.main:
+                saving = (
+                    f"saving a checkpoint in {self.out}"
+                    if self.config.checkpoints
+                    else "no checkpoint is kept"
+                )
+                again = (
+                    "; Ctrl-C again stops at once, losing the steps after the last checkpoint"
+                    if signum == signal.SIGINT
+                    else ""
+                )
+                # os.write, not print: the handler may run in the middle of a print to stderr.
+                os.write(
+                    2, f"\n{name}: stopping after the current step, {saving}{again}\n".encode()
+                )
 
         previous = {}
         if threading.current_thread() is threading.main_thread():
@@ -535,6 +697,8 @@ def train(
     evaluate: Callable[[nn.Module, int], dict[str, float]] | None = None,
     eval_every: int = 0,
     checkpoints: Checkpoints | None = None,
+    started: float | None = None,
+    eval_seconds: float = 0.0,
 ) -> dict[str, float]:
     """Train ``model`` for ``config.steps`` optimizer steps (or the steps a time budget
     plans); returns the last step's metrics (``step``, ``planned_steps``, ``lr``, the task's
@@ -549,8 +713,15 @@ def train(
     is a function of it. A resumed run drops the metrics rows after its checkpoint's step (a
     killed process may have logged steps it never saved), so the file reads as an unbroken
     run's. Raises ``TrainingInterrupted`` after saving when SIGINT/SIGTERM arrives.
+
+    With ``config.max_seconds``: ``started`` is when the budget's clock started (a value of
+    ``loop.clock``; default: now), so that the caller's reading of the data counts;
+    ``eval_seconds`` is the caller's estimate of one evaluation (e.g. a timed batch scaled to
+    the evaluation set), room for which the budget keeps until one is measured.
     """
-    run = Run(model, task, data, config, resume, evaluate, eval_every, checkpoints)
+    run = Run(
+        model, task, data, config, resume, evaluate, eval_every, checkpoints, started, eval_seconds
+    )
     metrics: dict[str, float] = {}
     progress = Progress() if run.main else None
     file = None
@@ -561,11 +732,19 @@ def train(
         file = open(path, "a" if resume else "w")  # noqa: SIM115
     try:
         with run.signals():
+            if progress is not None and run.done < run.total and not run.late:
+                budget = f", within {config.max_seconds:g} s" if config.max_seconds else ""
+                progress.note(
+                    f"training: step {run.done + 1} of {run.total} starting{budget}; "
+                    "Ctrl-C stops after the current step"
+                )
             while run.done < run.total and not run.late:
                 metrics = run.step()
                 run.evaluate(metrics)
                 run.log(metrics, file, progress)
-                if run.stopping:
+                # One process reads its own signal at once (after an evaluation too); many
+                # agree on it in the step's message, so that all stop at the same step.
+                if run.stopping or (run.world_size == 1 and run.signum):
                     saved = run.checkpoint()
                     raise TrainingInterrupted(run.done, saved, run.signum or signal.SIGINT)
                 if config.save_every and run.done % config.save_every == 0:
@@ -574,10 +753,12 @@ def train(
                 metrics["stopped_by_time"] = 1.0
                 if run.main:
                     logger.warning(
-                        "time budget of %gs spent at step %d of %d",
+                        "time budget of %gs: stopping at step %d of %d, as no further step "
+                        "fits: %s",
                         config.max_seconds,
                         run.done,
                         run.total,
+                        run.why_late,
                     )
             run.checkpoint()
             run.store.close()

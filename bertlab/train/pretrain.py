@@ -36,6 +36,7 @@ from bertlab.distributed import together, world
 from bertlab.nn.config import resolve_source
 from bertlab.nn.heads import BertForMaskedLM, BertForPreTraining
 from bertlab.tasks.pretraining import PretrainingObjective
+from bertlab.train import loop
 from bertlab.train.loop import TrainConfig, train
 from bertlab.train.memory import check_fits, step_memory
 from bertlab.train.runs import (
@@ -142,6 +143,7 @@ def pretrain(config: PretrainConfig, resume: bool | str = False, overwrite: bool
     tc = config.train
     rank, world_size = world()
     out = Path(tc.out_dir)
+    budget_from = loop.clock()  # what max_seconds counts starts here
     with together():  # a collective: every rank has checked the folder before rank 0 writes in it
         setup = _set_up(config, resume, overwrite)
     model, data, start = setup.model, setup.data, setup.start
@@ -176,6 +178,8 @@ def pretrain(config: PretrainConfig, resume: bool | str = False, overwrite: bool
         evaluate=setup.evaluate,
         eval_every=setup.eval_every,
         checkpoints=ShardedCheckpoints(out / CHECKPOINTS, legacy=out / CHECKPOINT),
+        started=budget_from,
+        eval_seconds=setup.eval_seconds,
     )
     if rank == 0:
         model.save_pretrained(out / "model")
@@ -192,6 +196,7 @@ class _Setup(NamedTuple):
     start: Start
     evaluate: Callable[[nn.Module, int], dict[str, float]] | None
     eval_every: int
+    eval_seconds: float  # one evaluation, estimated (with a time budget), else 0
 
 
 def _set_up(config: PretrainConfig, resume: bool | str, overwrite: bool) -> _Setup:
@@ -320,4 +325,24 @@ def _set_up(config: PretrainConfig, resume: bool | str, overwrite: bool) -> _Set
         def eval_fn(model: nn.Module, step: int) -> dict[str, float]:
             return objective.evaluate(model, batches, tc.device)
 
-    return _Setup(model, objective, data, tokenizer, settings, start, eval_fn, eval_every)
+    eval_seconds = 0.0
+    if eval_fn is not None and tc.max_seconds is not None:
+        eval_seconds = evaluation_seconds(model, objective, batches, tc.device)
+    return _Setup(
+        model, objective, data, tokenizer, settings, start, eval_fn, eval_every, eval_seconds
+    )
+
+
+def evaluation_seconds(
+    model: nn.Module, objective: PretrainingObjective, batches: list, device: str
+) -> float:
+    """One evaluation's seconds, estimated by measuring one batch (after a first that pays the
+    one-off costs) and scaling it to the evaluation's batches, with a fifth more for noise;
+    so that a time budget keeps room for the final evaluation before one has run."""
+    model.to(device).eval()
+    objective.evaluate(model, batches[:1], device)  # one-off costs, not timed
+    t0 = loop.clock()
+    objective.evaluate(model, batches[:1], device)
+    took = loop.clock() - t0
+    model.train()
+    return took * len(batches) * 1.2
