@@ -167,7 +167,11 @@ class Compiled:
         elif (why := self.available()) is not None:
             raise RuntimeError(why)
         self._limit = PADDING_LIMIT.get(self.precision, 0.0)
-        self._options = {**OPTIONS, **PRECISION_OPTIONS.get(self.precision, {})}
+        self._options = {
+            **OPTIONS,
+            **PRECISION_OPTIONS.get(self.precision, {}),
+            **cpu.inductor_options(),
+        }
         self._signature = inspect.signature(model.forward)
         self._programs: dict[tuple, Any] = {}  # by the inputs given and their dtypes
         self._tensors: list[torch.Tensor] | None = None  # the weights the program was built on

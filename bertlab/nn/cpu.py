@@ -441,6 +441,17 @@ def policy(f: Features, environ: dict[str, str] | os._Environ | None = None) -> 
     )
 
 
+def inductor_options() -> dict[str, object]:
+    """inductor settings that keep its C++ kernels right under ``ATEN_CPU_CAPABILITY=avx2`` on
+    a CPU with AVX-512 (a simulated AVX2 CPU): the limit narrows the instructions inductor
+    compiles for, but (torch 2.13) not the vector width it tiles its loops for, which it reads
+    from the CPU, so it writes 16-lane loops of 8-lane vectors and computes half of each. The
+    width pinned to AVX2's makes the two agree; on a real AVX2 CPU it is the width anyway."""
+    if os.environ.get("ATEN_CPU_CAPABILITY", "").strip().upper() == "AVX2":
+        return {"cpp.simdlen": 256}
+    return {}
+
+
 _CURRENT: list[Policy] = []  # (a plain global, which torch.compile reads without tracing into)
 
 
