@@ -220,6 +220,12 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
     from bertlab.pipelines import pipeline
 
+    if args.ray is not None:
+        return _predict_ray(args)
+    given = [f"--{n}" for n in ("actors", "threads", "text_column", "pair_column")
+             if getattr(args, n) is not None]  # fmt: skip
+    if given:
+        raise ValueError(f"{', '.join(given).replace('_', '-')} goes with --ray only")
     if args.out is not None:
         return _predict_corpus(args)
     given = [
@@ -289,6 +295,56 @@ def _predict_corpus(args: argparse.Namespace) -> int:
             f"{'s' if r.chunks > 1 else ''}{again}; {r.processes} process"
             f"{'es' if r.processes > 1 else ''})"
         )
+    return 0
+
+
+def _predict_ray(args: argparse.Namespace) -> int:
+    """``INPUT --out OUT --ray local|ADDRESS``: a Parquet dataset on Ray Data's actors."""
+    from bertlab.pipelines.raydata import RayJob, predict_ray
+
+    if args.out is None:
+        raise ValueError("--ray writes to --out FILE (.parquet or .jsonl)")
+    given = [f"--{n}" for n in ("resume", "chunk_lines") if getattr(args, n) not in (None, False)]
+    if given:
+        raise ValueError(
+            f"{', '.join(given).replace('_', '-')} goes with --file runs; a --ray run is one "
+            "Ray job, written whole or not at all"
+        )
+    inputs = list(args.text) + ([args.file] if args.file else [])
+    if len(inputs) != 1:
+        raise ValueError(
+            "--ray reads one input: a Parquet file, a folder of them or a glob, as the one "
+            f"argument after the task or --file (got {len(inputs)})"
+        )
+    options = {
+        "embed": {"pooling": args.pooling, "normalize": not args.no_normalize},
+        "answer": {
+            "max_answer_length": args.max_answer_length,
+            "allow_no_answer": args.allow_no_answer,
+        },
+        "fill-mask": {"top_k": args.top_k or 5},
+    }.get(args.task, {})
+    job = RayJob(
+        task=args.task,
+        input=inputs[0],
+        out=args.out,
+        ray=args.ray,
+        model=args.model,
+        column=args.text_column,
+        pair_column=args.pair_column,
+        format=args.format,
+        actors=1 if args.actors is None else args.actors,
+        threads=args.threads,
+        batch_size=args.batch_size,
+        overwrite=args.overwrite,
+        options=options,
+    )
+    r = predict_ray(job)
+    failed = f", {r.errors:,} of them as error rows" if r.errors else ""
+    print(
+        f"wrote {r.rows:,} results to {r.out} ({r.format}{failed}; {r.actors} Ray actor"
+        f"{'s' if r.actors > 1 else ''} of {r.threads} thread{'s' if r.threads > 1 else ''})"
+    )
     return 0
 
 
@@ -440,6 +496,18 @@ def add_task_parsers(sub: argparse._SubParsersAction) -> None:
         type=int,
         help=f"input lines per part file of --out (default: {CHUNK_LINES})",
     )
+    pr.add_argument(
+        "--ray",
+        metavar="local|ADDRESS",
+        help="run on Ray Data: the one input is a Parquet file, folder or glob, --out a .parquet "
+        "or .jsonl file; local starts Ray here, an ADDRESS joins a cluster",
+    )
+    pr.add_argument("--actors", type=int, help="--ray: actors, each with the model (default: 1)")
+    pr.add_argument(
+        "--threads", type=int, help="--ray: torch threads per actor (default: the CPUs / actors)"
+    )
+    pr.add_argument("--text-column", help="--ray: the texts (default: text; answer: question)")
+    pr.add_argument("--pair-column", help="--ray: classify's second texts, answer's contexts")
     pr.set_defaults(func=cmd_predict)
 
     plot = sub.add_parser("plot", help="a run's loss and accuracy curves to PNG")

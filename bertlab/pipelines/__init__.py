@@ -32,6 +32,8 @@ the explorer (bertlab.explore) use too:
     predict.py  bertlab's own pipelines and their formats (``bertlab predict``)
     tasks.py    transformers' task names and result shapes
     corpus.py   ``bertlab predict --out``: a file of millions of lines, streamed and resumable
+    predictor.py  ``Predictor``: a task as a function of batches of rows (numpy, pandas,
+                Arrow), for Ray Data's ``map_batches``; raydata.py runs it: ``predict --ray``
 QA spans come from the one span decoder, bertlab.data.squad.decode_spans. Imports point down:
 this package imports the network, the tokenizer and the data, never the server, the explorer
 or the commands.
@@ -54,6 +56,7 @@ from bertlab.pipelines.predict import (
     FillMaskPipeline,
     TagPipeline,
 )
+from bertlab.pipelines.predictor import Predictor
 from bertlab.pipelines.tasks import ALIASES, TASKS
 from bertlab.tokenizer import BertTokenizer
 
@@ -66,6 +69,7 @@ __all__ = [
     "EmbedPipeline",
     "FillMaskPipeline",
     "Pipeline",
+    "Predictor",
     "TagPipeline",
     "pipeline",
 ]
