@@ -11,6 +11,7 @@ import pytest
 
 from bertlab.bench.precision import bench_precision, format_precision
 from bertlab.cli.main import main
+from bertlab.nn import cpu
 from bertlab.nn.precision import bf16_supported, int8_supported
 from bertlab.train.finetune import FinetuneConfig, finetune
 
@@ -112,5 +113,7 @@ def test_the_command_writes_its_report(tuned, tmp_path, capsys):
     assert code == 0
     report = json.loads(out.read_text())
     assert report["machine"]["cpu"]
+    assert report["cpu"]["class"] == cpu.current().cpu_class  # and the kernels chosen on it
+    assert report["cpu"]["int8_kernel"] == cpu.current().int8_kernel
     f32 = report["precision"]["precisions"]["float32"]["accuracy"]
     assert f"{100 * f32:.2f}" in capsys.readouterr().out

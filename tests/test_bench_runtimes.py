@@ -9,6 +9,7 @@ import builtins
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ import torch
 
 from bertlab.bench import runtimes
 from bertlab.bench.runtimes import batches, bench_runtimes, markdown_table, runtime_texts
+from bertlab.nn import cpu
 
 TEXTS = [
     "EU rejects German call to boycott British lamb.",
@@ -77,6 +79,11 @@ def test_every_installed_system_runs_and_reports_its_agreement(monkeypatch):
     assert 0.5 < rows["bertlab-int8"]["cosine_mean"] < 1.0  # int8 costs something, measured
     assert rows["transformers-fp32"]["relative_to_transformers_fp32"] == 1.0
     assert report["workloads"]["batch-1"]["padding_share"] == 0.0
+    # the CPU's class and bertlab's kernels on it, as bertlab.nn.cpu chose them
+    assert report["cpu"] == cpu.current().describe()
+    line = runtimes.cpu_line(report["cpu"])
+    assert line.startswith(f"CPU class {cpu.current().cpu_class} (")
+    assert (cpu.current().int8_kernel or "no int8") in line
     table = markdown_table(report)
     assert table.count("\n") == 3 and "| sorted (" in table and "| batch-1 (0% padding) |" in table
     assert json.loads(json.dumps(report)) == report
@@ -124,6 +131,10 @@ def test_the_compiled_systems_are_the_models_behind_compiled(monkeypatch):
 
     monkeypatch.setattr(compiled, "Compiled", Recorded)
     monkeypatch.setattr(Recorded, "available", staticmethod(lambda: None))
+    # a CPU whose policy compiles float32 (what this one's compiles is tests/test_cpu.py's)
+    everything = frozenset(("float32", "bfloat16", "int8"))
+    here = cpu.current()
+    monkeypatch.setattr(cpu, "_CURRENT", [replace(here, compiled=everything, not_compiled={})])
     runtimes.make_runner("bertlab-fp32-compiled", bundled_model_dir(), None, 2)
     (model,) = wrapped
     assert isinstance(model, BertModel) and not model.training
@@ -131,3 +142,9 @@ def test_the_compiled_systems_are_the_models_behind_compiled(monkeypatch):
     monkeypatch.setattr(Recorded, "available", staticmethod(lambda: "no C++ compiler here"))
     with pytest.raises(runtimes.Unavailable, match="no C\\+\\+ compiler here"):
         runtimes.make_runner("bertlab-int8-compiled", bundled_model_dir(), None, 2)
+    # where Compiled would call the model itself, the row would repeat the uncompiled one
+    monkeypatch.setattr(Recorded, "available", staticmethod(lambda: None))
+    avx2 = cpu.policy(replace(here.features, arch="x86_64", flags=frozenset({"avx2", "fma3"})), {})
+    monkeypatch.setattr(cpu, "_CURRENT", [avx2])
+    with pytest.raises(runtimes.Unavailable, match="runs the float32 model itself on this CPU"):
+        runtimes.make_runner("bertlab-fp32-compiled", bundled_model_dir(), None, 2)

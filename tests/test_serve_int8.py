@@ -6,6 +6,8 @@ a model loads."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -16,6 +18,7 @@ from starlette.testclient import TestClient  # noqa: E402
 import bertlab  # noqa: E402
 from bertlab.data import sample_sentences  # noqa: E402
 from bertlab.files import resolve_model_dir  # noqa: E402
+from bertlab.nn import cpu  # noqa: E402
 from bertlab.nn.compiled import PADDING_LIMIT, Compiled  # noqa: E402
 from bertlab.nn.precision import int8_supported, quantize_int8, text_batches  # noqa: E402
 from bertlab.pipelines import pipeline  # noqa: E402
@@ -29,6 +32,15 @@ needs_int8 = pytest.mark.skipif(int8_supported() is not None, reason=f"{int8_sup
 needs_compiler = pytest.mark.skipif(
     Compiled.available() is not None, reason=f"cannot compile here: {Compiled.available()}"
 )
+
+
+@pytest.fixture
+def compiled_on_any_cpu(monkeypatch):
+    """Compiled runs its program in float32 and int8 whatever this CPU's class: the compiled
+    server's answers are under test here; where Compiled uses a program is tests/test_cpu.py's."""
+    here = cpu.current()
+    everything = frozenset(("float32", "int8"))
+    monkeypatch.setattr(cpu, "_CURRENT", [replace(here, compiled=everything, not_compiled={})])
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +83,7 @@ def test_int8_without_a_file_calibrates_on_the_bundled_sample():
 
 @needs_int8
 @needs_compiler
+@pytest.mark.usefixtures("compiled_on_any_cpu")
 def test_a_compiled_int8_server_answers_as_the_uncompiled_one_in_length_groups(
     calibration_file, tmp_path
 ):
@@ -117,6 +130,7 @@ def test_a_compiled_int8_server_answers_as_the_uncompiled_one_in_length_groups(
 
 
 @needs_compiler
+@pytest.mark.usefixtures("compiled_on_any_cpu")
 def test_a_compiled_float32_server_runs_single_texts_compiled_and_mixed_batches_packed(tmp_path):
     # a small model of the bundled vocabulary: it compiles in a third of the bundled one's time
     cfg = bertlab.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
@@ -222,3 +236,27 @@ class _FreePort:
 
     def bind(self, address):
         pass
+
+
+def test_compile_on_a_cpu_where_the_program_is_not_used_serves_packed_and_says_why(
+    tmp_path, monkeypatch
+):
+    """On a CPU whose policy runs the model itself (an AVX2 one, simulated), ``compile=True``
+    builds nothing and waits for nothing: batches run packed, and /info says why."""
+    cfg = bertlab.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                             intermediate_size=64, max_position_embeddings=64)  # fmt: skip
+    bertlab.BertModel(cfg).eval().save_pretrained(tmp_path)
+    bertlab.BertTokenizer.from_pretrained(DEFAULT).save_pretrained(tmp_path)
+    here = cpu.current().features
+    avx2 = cpu.policy(replace(here, arch="x86_64", flags=frozenset({"avx2", "fma3"})), {})
+    monkeypatch.setattr(cpu, "_CURRENT", [avx2])
+    monkeypatch.setattr(Compiled, "_build", lambda *a: pytest.fail("nothing is compiled here"))
+    with pytest.warns(UserWarning, match="Compiled runs the float32 model itself"):
+        model = ServedModel("m", tmp_path, "float32", compile=True)
+    info = model.info()
+    assert model.compiled is None and info["compiled"] is False
+    assert "not measured faster than the model on this class of CPU (avx2)" in info["not_compiled"]
+    ids = model.tokenizer(TEXTS)["input_ids"]
+    rows = [Row(i, [0] * len(i), "mean") for i in ids]
+    ref = pipeline("embed", str(tmp_path))(TEXTS, normalize=False)
+    assert (torch.stack(model.forward(rows)) - ref).abs().max() < 1e-5

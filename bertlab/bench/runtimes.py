@@ -7,7 +7,15 @@ as one compiled graph, the rest as the model does), transformers (float32, SDPA)
 (float32 with its BERT graph optimizer; int8 with dynamic per-channel weights) and OpenVINO (f32 and
 bf16 precision hints), the last two reading one ONNX file written by ``bertlab export onnx``.
 A peer that is not installed, or a precision the machine cannot run, is reported as such by
-name; nothing falls back silently.
+name; nothing falls back silently. So is a bertlab precision this CPU runs otherwise: bfloat16
+without bfloat16 instructions (its products would run in float32, the float32 row), and a
+``-compiled`` system in a precision where ``Compiled`` calls the model itself on this CPU (the
+row would repeat the uncompiled one).
+
+The report records the CPU's class and the kernels bertlab chose on it (``cpu``:
+``bertlab.nn.cpu.current().describe()``: model, flags, the libraries' instruction-set limits
+if any were set, oneDNN's instruction set, the int8 kernel, the bfloat16 route, the compiled
+precisions), and the command prints it above its table.
 
 Workloads, fixed before any result: real sentences (CoNLL-2003 news from ``--data``, else the
 bundled SST-2 sample), tokenized to at most 128 tokens,
@@ -111,17 +119,21 @@ Runner = Callable[[dict[str, np.ndarray]], np.ndarray]  # a batch -> (B, H) embe
 
 
 def bertlab_runner(model_dir: Path, precision: str, compiled: bool = False) -> Runner:
+    from bertlab.nn import cpu
     from bertlab.nn.compiled import Compiled
     from bertlab.nn.model import BertModel
     from bertlab.nn.precision import bf16_supported, quantize_int8
 
     if compiled and (why := Compiled.available()) is not None:
         raise Unavailable(why)
+    full = {"fp32": "float32", "bf16": "bfloat16"}.get(precision, precision)
+    if compiled and (why := cpu.current().not_compiled.get(full)) is not None:
+        raise Unavailable(f"Compiled runs the {full} model itself on this CPU: {why}")
     model = BertModel.from_pretrained(model_dir, dtype=torch.float32, add_pooling_layer=False)
     if precision == "bf16":
         why = bf16_supported()
         if why is not None:
-            raise Unavailable(why)
+            raise Unavailable(f"{why}: bfloat16 products would run in float32 (the fp32 row)")
         model = model.to(torch.bfloat16)
     elif precision == "int8":
         from bertlab.tokenizer import BertTokenizer
@@ -277,6 +289,7 @@ def bench_runtimes(
     embeddings' agreement with bertlab float32. ``texts`` replaces the workload's sentences
     (tests use a few)."""
     from bertlab.files import resolve_model_dir
+    from bertlab.nn import cpu
     from bertlab.tokenizer import BertTokenizer
 
     unknown = [s for s in systems if s not in SYSTEMS]
@@ -297,6 +310,7 @@ def bench_runtimes(
     report: dict[str, Any] = {
         "benchmark": "runtimes",
         "machine": machine(),
+        "cpu": cpu.current().describe(),
         "model": str(model_dir),
         "texts": origin,
         "threads": threads,
@@ -344,6 +358,24 @@ def bench_runtimes(
                 "systems": rows,
             }
     return report
+
+
+def cpu_line(described: dict[str, Any]) -> str:
+    """One line for a report's ``cpu`` (Policy.describe()): the class and what bertlab runs on
+    it."""
+    limits = f", limited by {' '.join(described['limits'])}" if described["limits"] else ""
+    kernel = described["int8_kernel"]
+    int8 = (
+        f"int8 on {kernel} ({described['int8_activation_bits']}-bit activations)"
+        if kernel
+        else f"no int8 ({described['int8_why']})"
+    )
+    bf16 = "bfloat16 native" if described["bf16_native"] else "bfloat16 products in float32"
+    compiled = ", ".join(described["compiled"]) or "none"
+    return (
+        f"CPU class {described['class']} ({described['model']}, oneDNN "
+        f"{described['onednn_isa'] or 'n/a'}{limits}): {int8}; {bf16}; compiled: {compiled}"
+    )
 
 
 def markdown_table(report: dict[str, Any]) -> str:

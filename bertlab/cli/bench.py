@@ -201,7 +201,14 @@ def cmd_bench_memory(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_runtimes(args: argparse.Namespace) -> int:
-    from bertlab.bench.runtimes import SYSTEMS, WORKLOADS, bench_runtimes, markdown_table, plot
+    from bertlab.bench.runtimes import (
+        SYSTEMS,
+        WORKLOADS,
+        bench_runtimes,
+        cpu_line,
+        markdown_table,
+        plot,
+    )
 
     if args.plot and not Path(args.plot).parent.is_dir():
         raise FileNotFoundError(f"--plot {args.plot}: the folder does not exist")
@@ -217,6 +224,7 @@ def cmd_bench_runtimes(args: argparse.Namespace) -> int:
     )
     m = report["machine"]
     print(f"{m['cpu']}, {report['threads']} threads; {report['texts']}")
+    print(cpu_line(report["cpu"]))
     print("real tokens/s relative to transformers float32 (mean embedding cosine to float32)")
     print(markdown_table(report))
     for name, why in report["unavailable"].items():
@@ -337,7 +345,10 @@ def cmd_bench_precision(args: argparse.Namespace) -> int:
     precisions = tuple(_csv(args.precisions)) if args.precisions else PRECISIONS
     r = bench_precision(config, precisions, tolerance=args.tolerance, progress=True)
     print(format_precision(r))
-    return _finish(args, {"machine": machine(), "precision": r}, None)
+    from bertlab.nn import cpu
+
+    report = {"machine": machine(), "cpu": cpu.current().describe(), "precision": r}
+    return _finish(args, report, None)
 
 
 def cmd_bench_serve(args: argparse.Namespace, peers: dict | None = None) -> int:

@@ -280,12 +280,16 @@ class ServedModel:
         self.answer = AnswerPipeline(self.model, **kw) if "qa" in self.routes else None
         self.fill = FillMaskPipeline(self.model, **kw) if "fill-mask" in self.routes else None
         self.compiled: Compiled | None = None
+        self.not_compiled: str | None = None  # why compile=True runs the model itself here
         self.run = runnable(self.model, self.head)  # what a batch goes through
         if compile:
-            self.compiled = Compiled(self.run)
-            self.run = self.compiled
+            compiled = Compiled(self.run)  # (it warns where this CPU runs the model itself)
+            if compiled.why_eager is None:
+                self.compiled = self.run = compiled
+            else:  # batches run packed, as without compile=True
+                self.not_compiled = compiled.why_eager
         self.reader = Reader(self.model, self.run, self.head, self.tokenizer.mask_token_id)
-        if compile:
+        if self.compiled is not None:
             self._warm_up()
 
     def _warm_up(self) -> None:
@@ -312,6 +316,7 @@ class ServedModel:
             "dtype": self.dtype,
             "int8": self.int8,
             "compiled": self.compiled is not None,
+            **({"not_compiled": self.not_compiled} if self.not_compiled else {}),
         }
 
     # ------------------------------------------------------------------ tokenizing
