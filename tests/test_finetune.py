@@ -388,6 +388,12 @@ def test_a_time_budget_plans_the_schedule_and_trains_a_model(tmp_path):
     )
     r = finetune(config, tmp_path / "run", progress=False)
     rows = _rows(tmp_path / "run")
+    first = rows[0]["train_seconds"] if rows else math.inf
+    if first > config.max_seconds / 6:  # the budget counts reading and evaluating too
+        pytest.skip(
+            f"one step took {first:.0f} s on this machine (busy or slow): a budget of "
+            f"{config.max_seconds:g} s holds too few steps for a schedule to check"
+        )
     lrs = [row["lr"] for row in rows]
     epochs = config.epochs * math.ceil(5000 / config.batch_size)  # 5,000 training sentences
     assert r["steps"] <= r["planned_steps"] < epochs  # the budget, not the epochs, set the plan

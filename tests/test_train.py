@@ -230,12 +230,13 @@ def test_a_time_budget_plans_the_steps_and_decays_the_rate_to_zero_at_its_end(
     # The plan comes after 1 skipped + 3 timed steps of 1 s: 4 s spent, 6.7 s left, of which
     # the plan fills 90% (loop.PLAN_SHARE): 6 more steps.
     plan = torch.load(tmp_path / "checkpoint.pt", weights_only=True)["plan"]
-    assert plan == {"steps": 10, "warmup": 1, "seconds_per_step": 1.0}  # warm-up 10 * 10/100
+    # Warm-up 10 * 10/100 = 1 step is over before the plan: it ends where the plan is made.
+    assert plan == {"steps": 10, "warmup": 4, "seconds_per_step": 1.0}
     assert last["step"] == last["planned_steps"] == len(rows) == 10 < cfg.steps
     assert [r["planned_steps"] for r in rows] == [100] * 3 + [10] * 7
     assert "stopped_by_time" not in last and rows[-1]["train_seconds"] <= cfg.max_seconds
     # From the plan on, the logged rate (the one after each step) follows the planned schedule.
-    planned = linear_schedule(1, 10)
+    planned = linear_schedule(4, 10)
     assert [r["lr"] for r in rows[3:]] == pytest.approx([1e-3 * planned(s) for s in range(4, 11)])
     assert rows[-1]["lr"] == 0.0
 

@@ -232,8 +232,9 @@ class Plan:
     remaining seconds hold, once the final evaluation and checkpoint (``reserve``) and the
     evaluations due on the way (``eval_every``, ``eval_seconds`` each) are set aside, never
     more than ``TrainConfig.steps``. From then on the schedule warms up over ``warmup`` steps
-    (``TrainConfig.warmup_steps`` scaled by steps / ``TrainConfig.steps``) and decays to 0 at
-    ``steps``; the few steps before the plan ran on the unplanned schedule's first values.
+    (``TrainConfig.warmup_steps`` scaled by steps / ``TrainConfig.steps``, or up to the step of
+    the plan if that is later, so that a short run still reaches its peak rate) and decays to 0
+    at ``steps``; the few steps before the plan ran on the unplanned schedule's first values.
     Should the steps slow down so that the planned ones no longer fit (a busy machine, longer
     batches), the plan is fitted again, shorter, from the mean step time so far, so that the run
     still ends on its schedule. A resumed run keeps the plan, so it takes the very steps of an
@@ -267,7 +268,9 @@ class Plan:
             ):
                 fits -= 1
         steps = max(done, min(config.steps, done + max(0, fits)))
-        warmup = round(config.warmup_steps * steps / config.steps)
+        # A plan that comes after its scaled warm-up would have ended (a short budget) ends the
+        # warm-up where it is made: the rate is at its peak there, then decays to 0.
+        warmup = max(round(config.warmup_steps * steps / config.steps), min(done, steps))
         return cls(steps, warmup, per_step)
 
 
@@ -366,6 +369,10 @@ class Run:
                 if self.reserve()
                 else ""
             )
+        if config.max_seconds is not None and self.world_size > 1:  # every rank starts, or none
+            self.late = sum_over_ranks([float(self.late)])[0] > 0
+            if self.late and not self.why_late:
+                self.why_late = "another process found no room for a step"
         # Wrapped after restore: DDP broadcasts rank 0's weights when it is built.
         self.ddp: nn.parallel.DistributedDataParallel | None = None
         self.forward: nn.Module = _Forward(self.model, task)
