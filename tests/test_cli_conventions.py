@@ -130,7 +130,8 @@ def test_demo_sentence_comes_from_standard_input_when_it_is_not_a_terminal():
 
 def test_demo_classifies_a_sentence_piped_in(capsys, tmp_path, monkeypatch):
     """`echo "a gorgeous film" | bertlab demo`: the piped sentence is the one classified. The
-    fine-tuning itself is test_cli.py's; here a stand-in saves an untrained classifier at once."""
+    fine-tuning itself is test_cli.py's; here a stand-in saves an untrained classifier at once,
+    and the machine's measured speed is given."""
     import bertlab.train.finetune as training
     from bertlab import BertForSequenceClassification, BertTokenizer
     from bertlab.files import bundled_model_dir
@@ -141,9 +142,13 @@ def test_demo_classifies_a_sentence_piped_in(capsys, tmp_path, monkeypatch):
         model.save_pretrained(out / "model")
         BertTokenizer.from_pretrained(bundled_model_dir()).save_pretrained(out / "model")
         dev = {"accuracy": 0.5, "f1": 0.5, "mcc": 0.0}
-        return {"dev": dev, "steps": 0, "seconds": 0.0}
+        return {"dev": dev, "steps": 0, "seconds": 0.0, "wall_seconds": 0.0}
+
+    import bertlab.train.demo as planner
 
     monkeypatch.setattr(training, "finetune", finetune)
+    # The demo times a few steps before it plans: a fast machine's figures, at once.
+    monkeypatch.setattr(planner, "measure", lambda prepared: planner.Speed(0.01, 0.001, 0.0001))
     monkeypatch.setattr(sys, "stdin", io.StringIO("a gorgeous film\n"))  # not a terminal
     code, out, _ = run(capsys, "demo", "--output", str(tmp_path / "demo"))
     assert code == 0
