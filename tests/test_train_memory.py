@@ -315,8 +315,10 @@ def test_the_commands_refuse_it_in_one_line(corpus, sst2, tiny, tmp_path, capsys
     monkeypatch.undo()  # this machine's own memory: no machine has 37 TiB
     argv = ["pretrain", "--data", str(corpus["short"]), "--model", str(corpus["config"])]
     assert main([*argv, "-o", str(tmp_path / "p"), "--batch-size", "10000000"]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("bertlab pretrain: error: --batch-size 10000000 needs about ")
+    # pretrain says at once what it is checking (one line), then refuses in one line
+    said, refusal = capsys.readouterr().err.splitlines()
+    assert said.startswith("pretrain: checking the settings")
+    assert refusal.startswith("bertlab pretrain: error: --batch-size 10000000 needs about ")
     assert not (tmp_path / "f").exists() and not (tmp_path / "p").exists()
 
 

@@ -9,8 +9,9 @@ features; the two tokenizers give identical ids, as ``tests/test_tokenizer_parit
 use the same hyperparameters and seed, evaluate on the dev set after every epoch and when the
 budget runs out, keep their best evaluation, and train for the same seconds. bertlab's side
 runs under ``--max-seconds`` as ``bertlab finetune`` does, which counts its evaluations and
-keeps room for the final one; transformers' side then trains for the training seconds bertlab's
-side had, its evaluations not charged, so both train for the same time. The dev figures come
+keeps room for the final one; where that budget stopped it, transformers' side then trains for
+the training seconds bertlab's side had, its evaluations not charged, so both train for the same
+time (a bertlab run that finished its planned steps leaves transformers the whole budget). The dev figures come
 from the same metric code (``bertlab.metrics``) applied to each side's logits.
 
 The runs are sequential in one process (transformers first), on identical thread counts; a
@@ -181,7 +182,10 @@ def bench_finetune(config: FinetuneConfig, seconds: float, progress: bool = True
     # bertlab first: its loop plans the schedule to the budget, and transformers' side gets the
     # same planned steps for its schedule and bertlab's training seconds for its own budget.
     report["bertlab"] = b = _run_bertlab(config, run, seconds, progress)
-    planned, trained = b["planned_steps"], b["seconds"]  # transformers trains as long
+    planned = b["planned_steps"]
+    # transformers trains as long, where the budget stopped bertlab's side; a run that finished
+    # its plan leaves transformers' side the whole budget, to finish the same plan
+    trained = seconds if b["steps"] >= planned else b["seconds"]
     report["transformers"] = t = _run_transformers(config, run, hf, key, trained, progress, planned)
     del hf
     report["speedup"] = b["tokens_per_s"] / t["tokens_per_s"]
