@@ -11,8 +11,8 @@ budget runs out, keep their best evaluation, and train for the same seconds. ber
 runs under ``--max-seconds`` as ``bertlab finetune`` does, which counts its evaluations and
 keeps room for the final one; where that budget stopped it, transformers' side then trains for
 the training seconds bertlab's side had, its evaluations not charged, so both train for the same
-time (a bertlab run that finished its planned steps leaves transformers the whole budget). The dev figures come
-from the same metric code (``bertlab.metrics``) applied to each side's logits.
+time (a bertlab run that finished its planned steps leaves transformers the whole budget). The
+dev figures come from the same metric code (``bertlab.metrics``) applied to each side's logits.
 
 The runs are sequential in one process (transformers first), on identical thread counts; a
 quiet machine matters, since a slower run trains fewer steps in its budget.
