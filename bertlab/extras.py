@@ -27,7 +27,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "export": ("onnx", "onnxscript", "onnxruntime"),
     "parquet": ("pyarrow",),
     "zstd": ("zstandard",),
-    "ray": ("ray",),
+    "ray": ("ray", "aiohttp"),
 }
 
 

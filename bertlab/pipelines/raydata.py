@@ -208,7 +208,8 @@ def reservation(cpus: float, actors: int, threads: int) -> float:
 def _settle_fsspec_http() -> None:
     """Decide once, in this thread, whether fsspec's HTTP filesystem imports. Ray Data asks
     (``_is_http_filesystem``) from several threads at once while it lists the input files;
-    without aiohttp (``ray[data]`` does not install it) the module fails half-way through, the
+    without aiohttp (``ray[data]`` does not install it; bertlab's ray extra does, since the
+    same race runs in Ray's own worker processes) the module fails half-way through, the
     threads' imports race, and one of them can get the half-made module and raise ImportError
     ("cannot import name 'HTTPFileSystem'"), which Ray does not catch, in place of the
     ModuleNotFoundError it does. A module that failed to import is recorded as None in
