@@ -27,6 +27,7 @@ import numpy as np
 import psutil
 
 from bertlab.bench.speed import machine
+from bertlab.nn import cpu
 
 
 def make_corpus(path: Path, megabytes: int, seed: int = 0) -> dict:
@@ -110,7 +111,8 @@ def main() -> None:
         print(json.dumps(runs[-1]), file=sys.stderr)
     report = {
         "benchmark": "prepare-memory",
-        "machine": machine() | {"cpu_flags": cpu_flags(), "load_average_at_end": os.getloadavg()},
+        "machine": machine()
+        | {"cpu_flags": sorted(cpu.features().flags), "load_average_at_end": os.getloadavg()},
         "date": time.strftime("%Y-%m-%d"),
         "command": " ".join(["python", "benchmarks/harness/prepare_memory.py", *sys.argv[1:]]),
         "format": "Parquet, one document of about 1 KB a row, row groups of 20,000 rows",
@@ -122,19 +124,6 @@ def main() -> None:
         Path(args.out).write_text(text)
     else:
         print(text)
-
-
-def cpu_flags() -> list[str]:
-    """The CPU's flags that bertlab's fast paths use, as /proc/cpuinfo lists them."""
-    wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8", "amx_tile")
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return []
-    flags = next(
-        (ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), []
-    )
-    return [f for f in wanted if f in flags]
 
 
 if __name__ == "__main__":

@@ -235,6 +235,7 @@ def time_allreduce(numel: int, dtype: str, repeats: int) -> float:
 
 def measure(args: argparse.Namespace) -> dict:
     from bertlab.bench.speed import machine
+    from bertlab.nn import cpu
     from bertlab.nn.config import BertConfig
     from bertlab.nn.heads import BertForPreTraining
 
@@ -277,7 +278,8 @@ def measure(args: argparse.Namespace) -> dict:
         "benchmark": "pretrain-scaling",
         "date": time.strftime("%Y-%m-%d"),
         "command": " ".join(["python", "benchmarks/harness/pretrain_scaling.py", *sys.argv[1:]]),
-        "machine": machine() | {"cpu_flags": cpu_flags(), "load_average_at_end": os.getloadavg()},
+        "machine": machine()
+        | {"cpu_flags": sorted(cpu.features().flags), "load_average_at_end": os.getloadavg()},
         "settings": {
             "model": args.model,
             "parameters": params,
@@ -295,19 +297,6 @@ def measure(args: argparse.Namespace) -> dict:
         "processes": result,
         "allreduce_2_processes": allreduce,
     }
-
-
-def cpu_flags() -> list[str]:
-    """The CPU's flags that bertlab's fast paths use, as /proc/cpuinfo lists them."""
-    wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8", "amx_tile")
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return []
-    flags = next(
-        (ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), []
-    )
-    return [f for f in wanted if f in flags]
 
 
 def main() -> None:
