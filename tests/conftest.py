@@ -22,11 +22,17 @@ def sst2(tmp_path_factory):
 def pytest_configure(config):
     """Under pytest-xdist (the README's test command runs two workers) the cores are shared out
     between the workers: two workers of two threads each on two cores would wait on each other
-    at every parallel region."""
+    at every parallel region. The processes a test starts (the command line, servers, torchrun,
+    Ray's workers) get the same share through the environment, and so do the Rust tokenizers
+    the parity tests compare against: a subprocess computing on every core beside the other
+    worker made that worker's tests up to three times slower."""
     import os
 
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
     if workers > 1:
         import torch
 
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+        share = max(1, (os.cpu_count() or 1) // workers)
+        for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "RAYON_RS_NUM_CPUS"):
+            os.environ.setdefault(name, str(share))
+        torch.set_num_threads(share)

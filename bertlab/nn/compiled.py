@@ -255,8 +255,9 @@ class Compiled:
         """Free the compiled programs, and the libraries AOTInductor unpacked for them into the
         temporary folder (which it deletes when a program is freed; a process ended by a signal
         never frees it: ``bertlab serve`` calls this as it shuts down). A later call compiles
-        again."""
+        again, on the model's weights and config as they are then."""
         self._programs.clear()
+        self._tensors = self._stamp = self._config = None
 
     def _compilable(self, arguments: dict[str, Any]) -> bool:
         """True when the compiled program gives the model's results (within the dtype's
@@ -293,12 +294,13 @@ class Compiled:
         elif stamp != self._stamp:
             raise RuntimeError(
                 "the model's weights changed after it was compiled; the compiled program holds "
-                "the old ones: build a new Compiled(model)"
+                "the old ones: build a new Compiled(model), or close() this one"
             )
         elif config != self._config:
             keys = {*config, *self._config}
             changed = sorted(k for k in keys if config.get(k, self) != self._config.get(k, self))
             raise RuntimeError(
                 f"the model's config changed after it was compiled ({', '.join(changed)}); the "
-                "compiled program was built for the old one: build a new Compiled(model)"
+                "compiled program was built for the old one: build a new Compiled(model), or "
+                "close() this one"
             )
