@@ -292,6 +292,9 @@ def test_a_note_does_not_hold_back_the_first_status(capsys):
 
 def test_ctrl_c_is_acknowledged_at_once_and_a_second_stops_at_once(tmp_path, capfd):
     calls = {"n": 0}
+    before = signal.getsignal(signal.SIGINT)  # (a test worker may run with SIGINT ignored)
+    if before is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def task(m, batch):
         calls["n"] += 1
@@ -308,7 +311,9 @@ def test_ctrl_c_is_acknowledged_at_once_and_a_second_stops_at_once(tmp_path, cap
         train(model(), task, data, cfg)
     assert stop.value.at_once and stop.value.step == 2  # the last checkpoint's step
     assert "stopped at once; the last checkpoint is in" in str(stop.value)
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    restored = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, before)
+    assert restored is signal.default_int_handler  # the handler it found, put back
 
 
 def test_the_resume_command_is_the_given_one_with_resume():

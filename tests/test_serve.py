@@ -634,7 +634,18 @@ def test_a_client_that_leaves_is_dropped_before_its_rows_are_computed(folders):
     server = Server(
         ServeConfig(models=[("mlm", folders["mlm"])], max_wait_ms=0, max_batch_sequences=1)
     )
-    seen = _slow(server, "mlm", 0.4)
+    # the first request holds the model until the test lets it go (not for a set time: on a
+    # busy machine the departed request could otherwise reach the model before it leaves)
+    model, seen, release = server.models["mlm"], [], threading.Event()
+    forward = model.forward
+
+    def held(rows: list[Row], arrays=None):
+        seen.append(len(rows))
+        if len(seen) == 1:
+            assert release.wait(30), "the test never let the first batch go"
+        return forward(rows, arrays)
+
+    model.forward = held
     import uvicorn
 
     port = _port()
@@ -653,25 +664,31 @@ def test_a_client_that_leaves_is_dropped_before_its_rows_are_computed(folders):
                 time.sleep(0.05)
         first = threading.Thread(
             target=lambda: httpx.post(
-                f"http://127.0.0.1:{port}/embed", json={"inputs": "first"}, timeout=10
+                f"http://127.0.0.1:{port}/embed", json={"inputs": "first"}, timeout=30
             )
         )
         first.start()
-        time.sleep(0.1)  # the first occupies the model for 0.4 s
+        for _ in range(600):  # until the first occupies the model
+            if seen:
+                break
+            time.sleep(0.05)
+        assert seen == [1]
         body = json.dumps({"inputs": "gone before its turn"}).encode()
         s = socket.create_connection(("127.0.0.1", port))
         s.sendall(
             b"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
         )
-        time.sleep(0.1)
+        time.sleep(0.2)
         s.close()  # the client leaves while its request waits
-        first.join(10)
-        time.sleep(0.6)
-        r = httpx.post(f"http://127.0.0.1:{port}/embed", json={"inputs": "after"}, timeout=10)
+        time.sleep(0.3)
+        release.set()
+        first.join(30)
+        r = httpx.post(f"http://127.0.0.1:{port}/embed", json={"inputs": "after"}, timeout=30)
         assert r.status_code == 200
         assert seen == [1, 1]  # the first and the last: the departed one never ran
     finally:
+        release.set()
         userver.should_exit = True
         thread.join(10)
 
