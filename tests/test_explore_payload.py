@@ -413,7 +413,16 @@ def cli(*args, timeout=300):
     )
 
 
-def test_the_command_writes_the_page_and_refuses_bad_paths_before_work(tmp_path):
+def test_the_command_writes_the_page_and_refuses_bad_paths_before_work(tmp_path, capsys):
+    from bertlab.cli.main import main
+
+    def refused(*args) -> tuple[int, str]:  # in this process: a refusal comes before any work
+        try:
+            code = main(["explore", *args])
+        except SystemExit as stop:
+            code = stop.code
+        return code, capsys.readouterr().err
+
     out = tmp_path / "page.html"
     done = cli("Paris is the capital of [MASK].", "-o", str(out))
     assert done.returncode == 0, done.stderr
@@ -432,8 +441,8 @@ def test_the_command_writes_the_page_and_refuses_bad_paths_before_work(tmp_path)
         (("text", "--png", str(tmp_path / "v"), "--browser", "/no/chromium"), "no browser at"),
         (("text", "--png", str(tmp_path / "a" / "b")), "does not exist"),
     ):
-        done = cli(*args)
-        assert done.returncode == 2 and message in done.stderr, (args, done.stderr)
+        code, err = refused(*args)
+        assert code == 2 and message in err, (args, err)
     assert not missing.parent.exists()
 
 
