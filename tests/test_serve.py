@@ -489,15 +489,24 @@ def test_a_fuzzer_never_gets_a_5xx_and_the_server_still_answers_right(client):
 
 
 # ============================================================================ limits, failures
-def _slow(server: Server, name: str, seconds: float, fail_on: str | None = None) -> list[int]:
-    """Make ``name``'s forward sleep (and raise on rows holding ``fail_on``'s ids); returns a
-    list that collects the number of rows of every batch run."""
+def _slow(
+    server: Server,
+    name: str,
+    seconds: float,
+    fail_on: str | None = None,
+    hold: threading.Event | None = None,
+) -> list[int]:
+    """Make ``name``'s forward sleep (and raise on rows holding ``fail_on``'s ids; hold the
+    first batch until ``hold`` is set); returns a list that collects the number of rows of
+    every batch run."""
     model, seen = server.models[name], []
     forward = model.forward
     bad = model.tokenizer(fail_on, add_special_tokens=False)["input_ids"] if fail_on else None
 
     def slow(rows: list[Row], arrays=None):
         seen.append(len(rows))
+        if hold is not None and len(seen) == 1:
+            assert hold.wait(30), "the test never let the first batch go"
         time.sleep(seconds)
         if bad and any(r.input_ids[1 : 1 + len(bad)] == bad for r in rows):
             raise RuntimeError("a planted fault")
@@ -636,16 +645,8 @@ def test_a_client_that_leaves_is_dropped_before_its_rows_are_computed(folders):
     )
     # the first request holds the model until the test lets it go (not for a set time: on a
     # busy machine the departed request could otherwise reach the model before it leaves)
-    model, seen, release = server.models["mlm"], [], threading.Event()
-    forward = model.forward
-
-    def held(rows: list[Row], arrays=None):
-        seen.append(len(rows))
-        if len(seen) == 1:
-            assert release.wait(30), "the test never let the first batch go"
-        return forward(rows, arrays)
-
-    model.forward = held
+    release = threading.Event()
+    seen = _slow(server, "mlm", 0.0, hold=release)
     import uvicorn
 
     port = _port()
