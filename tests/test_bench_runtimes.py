@@ -9,7 +9,9 @@ import builtins
 import json
 import subprocess
 import sys
+import time
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -148,3 +150,34 @@ def test_the_compiled_systems_are_the_models_behind_compiled(monkeypatch):
     monkeypatch.setattr(cpu, "_CURRENT", [avx2])
     with pytest.raises(runtimes.Unavailable, match="runs the float32 model itself on this CPU"):
         runtimes.make_runner("bertlab-fp32-compiled", bundled_model_dir(), None, 2)
+
+
+def test_busy_neighbours_spin_while_timed_and_are_gone_after():
+    def cpu_ticks(pid: int) -> int:  # user + system time, /proc/PID/stat fields 14 and 15
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+
+    with runtimes.neighbours(2) as spinning:
+        assert len(spinning) == 2 and all(p.poll() is None for p in spinning)
+        time.sleep(0.5)
+        assert all(cpu_ticks(p.pid) > 0 for p in spinning)  # spinning, not sleeping
+    assert all(p.poll() is not None for p in spinning)
+
+
+def test_the_busy_run_reports_what_each_system_kept():
+    report = bench_runtimes(
+        systems=("bertlab-fp32",),
+        workloads=("batch-1",),
+        repeats=1,
+        threads=1,
+        texts=TEXTS[:8],
+        busy=1,
+    )
+    row = report["workloads"]["batch-1"]["systems"]["bertlab-fp32"]
+    assert report["busy_neighbours"] == 1
+    assert row["kept"] == pytest.approx(row["busy_tokens_per_s"] / row["tokens_per_s"])
+    assert "| batch-1, kept beside 1 busy processes |" in markdown_table(report)
+    with pytest.raises(
+        ValueError, match="busy must be between 0 and 64 neighbour processes, got -1"
+    ):
+        bench_runtimes(systems=("bertlab-fp32",), texts=TEXTS[:2], busy=-1)

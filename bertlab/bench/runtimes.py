@@ -26,12 +26,20 @@ Every system returns sentence embeddings (the mean of the last hidden states ove
 normalised); their cosine to bertlab float32's is the quality figure, with the share of texts
 whose nearest other text stays the same. Speed is real tokens per second (padding not counted),
 medians over alternating rounds, relative to transformers float32.
+
+Contention (``busy``, ``--busy N``): each workload is timed a second time while N neighbour
+processes spin in pure Python on the same cores, the state a server's tokenizing and writing
+threads put the model in. Each system's row then holds ``busy_tokens_per_s`` and ``kept``,
+the share of its quiet throughput it keeps.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -275,6 +283,22 @@ def quality(reference: np.ndarray, other: np.ndarray) -> dict[str, float]:
     }
 
 
+@contextlib.contextmanager
+def neighbours(count: int):
+    """``count`` processes spinning in pure Python until the block ends (never left behind)."""
+    spinning = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL)
+        for _ in range(count)
+    ]
+    try:
+        yield spinning
+    finally:
+        for proc in spinning:
+            proc.kill()
+        for proc in spinning:
+            proc.wait()
+
+
 def bench_runtimes(
     model_dir: str | os.PathLike = "default",
     data_dir: str | os.PathLike | None = None,
@@ -283,11 +307,13 @@ def bench_runtimes(
     repeats: int = 5,
     threads: int | None = None,
     texts: list[str] | None = None,
+    busy: int = 0,
     progress: Callable[[str], None] = lambda _: None,
 ) -> dict[str, Any]:
     """Every system on every workload: real tokens/s, the ratio to transformers float32, and the
-    embeddings' agreement with bertlab float32. ``texts`` replaces the workload's sentences
-    (tests use a few)."""
+    embeddings' agreement with bertlab float32; with ``busy`` neighbour processes, each
+    workload again under that contention. ``texts`` replaces the workload's sentences (tests
+    use a few)."""
     from bertlab.files import resolve_model_dir
     from bertlab.nn import cpu
     from bertlab.tokenizer import BertTokenizer
@@ -300,6 +326,8 @@ def bench_runtimes(
         raise ValueError(f"unknown workload {bad[0]!r}; choose from {', '.join(WORKLOADS)}")
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
+    if not 0 <= busy <= 64:
+        raise ValueError(f"busy must be between 0 and 64 neighbour processes, got {busy}")
     model_dir = resolve_model_dir(model_dir)
     threads = threads or torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -315,6 +343,7 @@ def bench_runtimes(
         "texts": origin,
         "threads": threads,
         "repeats": repeats,
+        "busy_neighbours": busy,
         "unavailable": {},
         "workloads": {},
     }
@@ -346,6 +375,19 @@ def bench_runtimes(
                 }
                 for name, emb in embeddings.items()
             }
+            if busy:
+                progress(f"{workload}: timing {len(runners)} systems beside {busy} busy processes")
+                with neighbours(busy):
+                    loaded = alternate(
+                        {
+                            name: (lambda r=r, d=data: [r(b) for b in d])
+                            for name, r in runners.items()
+                        },
+                        repeats,
+                    )
+                for name, row in rows.items():
+                    row["busy_tokens_per_s"] = tokens / statistics.median(loaded[name])
+                    row["kept"] = row["busy_tokens_per_s"] / row["tokens_per_s"]
             base = rows.get("transformers-fp32", {}).get("tokens_per_s")
             for row in rows.values():
                 row["relative_to_transformers_fp32"] = (
@@ -380,7 +422,8 @@ def cpu_line(described: dict[str, Any]) -> str:
 
 def markdown_table(report: dict[str, Any]) -> str:
     """Rows: workloads; columns: systems; cells: speed relative to transformers float32, with
-    the mean embedding cosine to bertlab float32 for the lower precisions."""
+    the mean embedding cosine to bertlab float32 for the lower precisions; with busy
+    neighbours, a second row per workload: the share of quiet throughput each system kept."""
     systems = [s for s in SYSTEMS if any(s in w["systems"] for w in report["workloads"].values())]
     out = ["| workload | " + " | ".join(systems) + " |", "|" + " --- |" * (len(systems) + 1)]
     for name, w in report["workloads"].items():
@@ -397,6 +440,12 @@ def markdown_table(report: dict[str, Any]) -> str:
             cells.append(cell)
         label = f"{name} ({w['padding_share']:.0%} padding)"
         out.append(f"| {label} | " + " | ".join(cells) + " |")
+        if report.get("busy_neighbours"):
+            kept = [
+                f"{w['systems'][s]['kept']:.0%}" if s in w["systems"] else "n/a" for s in systems
+            ]
+            label = f"{name}, kept beside {report['busy_neighbours']} busy processes"
+            out.append(f"| {label} | " + " | ".join(kept) + " |")
     return "\n".join(out)
 
 

@@ -220,6 +220,7 @@ def cmd_bench_runtimes(args: argparse.Namespace) -> int:
         workloads=tuple(_csv(args.workloads)) if args.workloads else WORKLOADS,
         repeats=args.repeats,
         threads=args.threads,
+        busy=args.busy,
         progress=lambda line: print(line, file=sys.stderr, flush=True),
     )
     m = report["machine"]
@@ -508,6 +509,14 @@ def add_bench_parsers(sub: argparse._SubParsersAction) -> None:
     )
     rt.add_argument("--threads", type=int, help="threads for every system (default: torch's)")
     rt.add_argument("--repeats", type=int, default=5, help="timed rounds")
+    rt.add_argument(
+        "--busy",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also time every workload beside N processes spinning on the same cores, and "
+        "report the share of quiet throughput each system keeps (default: 0, quiet only)",
+    )
     common(rt)
     rt.set_defaults(func=cmd_bench_runtimes)
 
