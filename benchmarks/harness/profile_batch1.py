@@ -3,27 +3,34 @@ latency over 200 calls and torch.profiler's operator table over 50. Prints both;
 after of the batch-1 work are kept in benchmarks/ (profile-batch1-*.txt).
 
     python benchmarks/harness/profile_batch1.py [--threads 2] [--dtype float32|bfloat16|int8]
-        [--compiled] [--batch 1]
+        [--compiled] [--batch 1] [--onnxruntime]
 
 int8 is the model quantize_int8 makes, calibrated as ``bertlab bench runtimes`` calibrates it.
 ``--compiled`` times bertlab.nn.compiled.Compiled(model) instead. Its program's kernels are
 called from C++, out of the profiler's sight, so the operator table is taken on the same graph
 built by torch.compile without the C++ wrapper (the same kernels, called from Python, each
 generated one named in the table; its per-call overhead is not Compiled's).
+``--onnxruntime`` times ONNX Runtime instead, on the file ``bertlab bench runtimes`` gives it
+(float32 through its BERT optimizer, or int8 quantized dynamically), and sums its own profile
+per operator type over 50 calls: the same sentence, the same threads, the other side's table.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import tempfile
 import time
+from collections import defaultdict
+from pathlib import Path
 
 import torch
 from torch._inductor import config as inductor_config
 from torch.profiler import ProfilerActivity, profile
 
 from bertlab import BertModel, BertTokenizer
-from bertlab.bench.runtimes import calibration_batches
+from bertlab.bench.runtimes import calibration_batches, onnxruntime_runner
 from bertlab.bench.speed import machine
 from bertlab.nn.compiled import Compiled
 from bertlab.nn.packing import aligned_export
@@ -35,15 +42,69 @@ SENTENCE = (
 )
 
 
+def onnxruntime_profile(tok, threads: int, precision: str, batch: int) -> None:
+    """The median latency and ONNX Runtime's own profile, summed per operator type."""
+    import onnxruntime as ort
+
+    from bertlab.files import resolve_model_dir
+
+    inputs = {k: v.numpy() for k, v in tok([SENTENCE] * batch, return_tensors="pt").items()}
+    with tempfile.TemporaryDirectory() as tmp:
+        onnxruntime_runner(resolve_model_dir("default"), Path(tmp), precision, threads)
+        path = Path(tmp) / ("ort-int8.onnx" if precision == "int8" else "ort-optimized.onnx")
+        timed = ort.SessionOptions()
+        timed.intra_op_num_threads, timed.inter_op_num_threads = threads, 1
+        session = ort.InferenceSession(str(path), timed, providers=["CPUExecutionProvider"])
+        feed = {i.name: inputs[i.name] for i in session.get_inputs()}
+        for _ in range(20):
+            session.run(None, feed)
+        times = []
+        for _ in range(200):
+            start = time.perf_counter()
+            session.run(None, feed)
+            times.append(time.perf_counter() - start)
+        profiled = ort.SessionOptions()
+        profiled.intra_op_num_threads, profiled.inter_op_num_threads = threads, 1
+        profiled.enable_profiling = True
+        profiled.profile_file_prefix = str(Path(tmp) / "ort-profile")
+        session = ort.InferenceSession(str(path), profiled, providers=["CPUExecutionProvider"])
+        for _ in range(50):
+            session.run(None, feed)
+        events = json.loads(Path(session.end_profiling()).read_text())
+    per_op: dict[str, list[float]] = defaultdict(list)
+    for e in events:
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+            per_op[e["args"]["op_name"]].append(e["dur"])
+    m = machine()
+    print(f"{m['cpu']}, {threads} threads, onnxruntime {ort.__version__}, {precision}")
+    median = statistics.median(times) * 1e3
+    print(f"{batch} x {inputs['input_ids'].shape[1]} tokens: median {median:.2f} ms")
+    total = sum(sum(v) for v in per_op.values())
+    print(
+        f"{'operator type':>28}  {'share':>6}  {'us per sentence':>15}  {'calls per sentence':>18}"
+    )
+    for op, durations in sorted(per_op.items(), key=lambda kv: -sum(kv[1])):
+        print(
+            f"{op:>28}  {sum(durations) / total:6.1%}  {sum(durations) / 50:15.1f}  "
+            f"{len(durations) / 50:18.0f}"
+        )
+    print(f"{'all operators':>28}  {1:6.1%}  {total / 50:15.1f}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "int8"])
     p.add_argument("--compiled", action="store_true", help="time Compiled(model)")
     p.add_argument("--batch", type=int, default=1, help="the sentence this many times (1)")
+    p.add_argument("--onnxruntime", action="store_true", help="profile ONNX Runtime instead")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     tok = BertTokenizer.from_pretrained("default")
+    if args.onnxruntime:
+        if args.dtype == "bfloat16" or args.compiled:
+            p.error("--onnxruntime runs float32 or int8, uncompiled")
+        return onnxruntime_profile(tok, args.threads, args.dtype, args.batch)
     dtype = "float32" if args.dtype == "int8" else args.dtype
     model = BertModel.from_pretrained("default", dtype=dtype, add_pooling_layer=False)
     if args.dtype == "int8":
