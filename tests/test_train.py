@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import signal
+from itertools import pairwise
 
 import pytest
 import torch
@@ -254,6 +255,10 @@ def test_steps_that_slow_down_after_the_plan_shrink_it_so_the_run_ends_on_its_sc
     assert last["step"] == last["planned_steps"] == plans[-1]  # ended on the plan, not cut
     assert "stopped_by_time" not in last and rows[-1]["lr"] == 0.0
     assert rows[-1]["train_seconds"] <= cfg.max_seconds
+    # a shorter plan decays the rate sooner; it never warms up again (no jump back to the peak)
+    lrs = [r["lr"] for r in rows]
+    peak = lrs.index(max(lrs))
+    assert all(later <= earlier for earlier, later in pairwise(lrs[peak:]))
 
 
 def test_a_resumed_budget_run_keeps_its_plan_and_equals_the_unbroken_one(tmp_path, monkeypatch):

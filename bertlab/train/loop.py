@@ -237,8 +237,9 @@ class Plan:
     at ``steps``; the few steps before the plan ran on the unplanned schedule's first values.
     Should the steps slow down so that the planned ones no longer fit (a busy machine, longer
     batches), the plan is fitted again, shorter, from the mean step time so far, so that the run
-    still ends on its schedule. A resumed run keeps the plan, so it takes the very steps of an
-    unbroken one.
+    still ends on its schedule; the shorter plan keeps the warm-up it had (``previous``), so the
+    rate decays to 0 sooner and never climbs back to its peak. A resumed run keeps the plan, so
+    it takes the very steps of an unbroken one.
     """
 
     steps: int
@@ -255,6 +256,7 @@ class Plan:
         reserve: float = 0.0,
         eval_every: int = 0,
         eval_seconds: float = 0.0,
+        previous: Plan | None = None,
     ) -> Plan:
         assert config.max_seconds is not None, "a plan needs a time budget"
         left = max(0.0, config.max_seconds - elapsed - reserve) * PLAN_SHARE
@@ -271,6 +273,8 @@ class Plan:
         # A plan that comes after its scaled warm-up would have ended (a short budget) ends the
         # warm-up where it is made: the rate is at its peak there, then decays to 0.
         warmup = max(round(config.warmup_steps * steps / config.steps), min(done, steps))
+        if previous is not None:  # fitted again, shorter: the warm-up it had
+            warmup = min(previous.warmup, steps)
         return cls(steps, warmup, per_step)
 
 
@@ -569,6 +573,7 @@ class Run:
                 reserve,
                 self.eval_every if self.evaluate_fn is not None else 0,
                 eval_seconds,
+                previous=self.plan,
             )
             if self.main:
                 kept = f", {reserve:.3g}s kept for the final evaluation and checkpoint"
