@@ -297,7 +297,7 @@ def test_a_512_token_input_is_summarised_and_still_reconciles(tokenizer):
         torch.testing.assert_close(ref[n][0].gather(-1, index[n]), value[n], rtol=0, atol=1e-5)
     q, k = unarray(p["layers"]["query"])[5], unarray(p["layers"]["key"])[5]
     weights = (q[:, 64:96] @ k[:, 64:96].T * p["layers"]["scale"]).softmax(-1)
-    assert (weights - ref[5][0, 2]).abs().max() <= 1e-6
+    assert (weights - ref[5][0, 2]).abs().max() <= 1e-5  # (1.2e-6 on AVX2 kernels)
     assert len(json.dumps(p)) < 40 * 2**20  # the page stays small enough to open
 
 

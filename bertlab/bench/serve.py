@@ -164,6 +164,11 @@ def check_options(
         raise ValueError(f"warmup must be from 0 to 600 seconds; got {warmup:g}")
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype!r}")
+    if compile:  # the arguments' own conflict first, then what this machine can run
+        from bertlab.serve.engine import COMPILED_DTYPES
+
+        if dtype not in COMPILED_DTYPES:
+            raise ValueError(f"compile serves {' and '.join(COMPILED_DTYPES)}; got dtype {dtype}")
     if dtype == "bfloat16":
         from bertlab.nn.precision import bf16_supported
 
@@ -178,10 +183,7 @@ def check_options(
             raise ValueError(f"dtype int8 cannot run here: {why}")
     if compile:
         from bertlab.nn.compiled import Compiled
-        from bertlab.serve.engine import COMPILED_DTYPES
 
-        if dtype not in COMPILED_DTYPES:
-            raise ValueError(f"compile serves {' and '.join(COMPILED_DTYPES)}; got dtype {dtype}")
         why = Compiled.available()
         if why is not None:
             raise ValueError(f"compile cannot run here: {why}")
