@@ -52,25 +52,27 @@ def onnxruntime_profile(tok, threads: int, precision: str, batch: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         onnxruntime_runner(resolve_model_dir("default"), Path(tmp), precision, threads)
         path = Path(tmp) / ("ort-int8.onnx" if precision == "int8" else "ort-optimized.onnx")
-        timed = ort.SessionOptions()
-        timed.intra_op_num_threads, timed.inter_op_num_threads = threads, 1
-        session = ort.InferenceSession(str(path), timed, providers=["CPUExecutionProvider"])
-        feed = {i.name: inputs[i.name] for i in session.get_inputs()}
+
+        def session(profiled: bool) -> ort.InferenceSession:  # as bench runtimes opens it
+            options = ort.SessionOptions()
+            options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+            options.enable_profiling = profiled
+            options.profile_file_prefix = str(Path(tmp) / "ort-profile")
+            return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+        timed = session(profiled=False)
+        feed = {i.name: inputs[i.name] for i in timed.get_inputs()}
         for _ in range(20):
-            session.run(None, feed)
+            timed.run(None, feed)
         times = []
         for _ in range(200):
             start = time.perf_counter()
-            session.run(None, feed)
+            timed.run(None, feed)
             times.append(time.perf_counter() - start)
-        profiled = ort.SessionOptions()
-        profiled.intra_op_num_threads, profiled.inter_op_num_threads = threads, 1
-        profiled.enable_profiling = True
-        profiled.profile_file_prefix = str(Path(tmp) / "ort-profile")
-        session = ort.InferenceSession(str(path), profiled, providers=["CPUExecutionProvider"])
+        profiling = session(profiled=True)
         for _ in range(50):
-            session.run(None, feed)
-        events = json.loads(Path(session.end_profiling()).read_text())
+            profiling.run(None, feed)
+        events = json.loads(Path(profiling.end_profiling()).read_text())
     per_op: dict[str, list[float]] = defaultdict(list)
     for e in events:
         if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):

@@ -360,10 +360,8 @@ def bench_runtimes(
             data = batches(tokenizer, texts, workload)
             tokens = int(sum(b["attention_mask"].sum() for b in data))
             padded = int(sum(b["attention_mask"].size for b in data))
-            times = alternate(
-                {name: (lambda r=r, d=data: [r(b) for b in d]) for name, r in runners.items()},
-                repeats,
-            )
+            runs = {name: (lambda r=r, d=data: [r(b) for b in d]) for name, r in runners.items()}
+            times = alternate(runs, repeats)
             med = {k: statistics.median(v) for k, v in times.items()}
             embeddings = {name: np.concatenate([r(b) for b in data]) for name, r in runners.items()}
             reference = embeddings["bertlab-fp32"]
@@ -378,13 +376,7 @@ def bench_runtimes(
             if busy:
                 progress(f"{workload}: timing {len(runners)} systems beside {busy} busy processes")
                 with neighbours(busy):
-                    loaded = alternate(
-                        {
-                            name: (lambda r=r, d=data: [r(b) for b in d])
-                            for name, r in runners.items()
-                        },
-                        repeats,
-                    )
+                    loaded = alternate(runs, repeats)
                 for name, row in rows.items():
                     row["busy_tokens_per_s"] = tokens / statistics.median(loaded[name])
                     row["kept"] = row["busy_tokens_per_s"] / row["tokens_per_s"]

@@ -270,11 +270,12 @@ class Plan:
             ):
                 fits -= 1
         steps = max(done, min(config.steps, done + max(0, fits)))
-        # A plan that comes after its scaled warm-up would have ended (a short budget) ends the
-        # warm-up where it is made: the rate is at its peak there, then decays to 0.
-        warmup = max(round(config.warmup_steps * steps / config.steps), min(done, steps))
         if previous is not None:  # fitted again, shorter: the warm-up it had
             warmup = min(previous.warmup, steps)
+        else:
+            # A plan that comes after its scaled warm-up would have ended (a short budget) ends
+            # the warm-up where it is made: the rate is at its peak there, then decays to 0.
+            warmup = max(round(config.warmup_steps * steps / config.steps), min(done, steps))
         return cls(steps, warmup, per_step)
 
 
