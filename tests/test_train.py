@@ -206,12 +206,14 @@ def slow_task(
     interrupt_at: int | None = None,
     first: float = 1.0,
     slower_from: int | None = None,
+    faster_from: int | None = None,
 ):
     calls = {"n": 0}
 
     def run(m, batch):
         late = slower_from is not None and calls["n"] >= slower_from
-        clock.now += first if calls["n"] == 0 else 2.0 if late else 1.0
+        early = faster_from is not None and calls["n"] < faster_from
+        clock.now += first if calls["n"] == 0 else 2.0 if late or early else 1.0
         if calls["n"] == interrupt_at:
             os.kill(os.getpid(), signal.SIGINT)  # the loop finishes this step, saves, stops
         calls["n"] += 1
@@ -232,7 +234,7 @@ def test_a_time_budget_plans_the_steps_and_decays_the_rate_to_zero_at_its_end(
     # the plan fills 90% (loop.PLAN_SHARE): 6 more steps.
     plan = torch.load(tmp_path / "checkpoint.pt", weights_only=True)["plan"]
     # Warm-up 10 * 10/100 = 1 step is over before the plan: it ends where the plan is made.
-    assert plan == {"steps": 10, "warmup": 4, "seconds_per_step": 1.0}
+    assert plan == {"steps": 10, "warmup": 4, "seconds_per_step": 1.0, "since": 0, "start": 1.0}
     assert last["step"] == last["planned_steps"] == len(rows) == 10 < cfg.steps
     assert [r["planned_steps"] for r in rows] == [100] * 3 + [10] * 7
     assert "stopped_by_time" not in last and rows[-1]["train_seconds"] <= cfg.max_seconds
@@ -259,6 +261,40 @@ def test_steps_that_slow_down_after_the_plan_shrink_it_so_the_run_ends_on_its_sc
     lrs = [r["lr"] for r in rows]
     peak = lrs.index(max(lrs))
     assert all(later <= earlier for earlier, later in pairwise(lrs[peak:]))
+
+
+def test_steps_that_speed_up_after_the_plan_grow_it_so_the_budget_is_used(tmp_path, monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(loop, "clock", clock)
+    cfg = TrainConfig(out_dir=str(tmp_path), steps=100, warmup_steps=10, lr=1e-3, max_seconds=30)
+    # 2 s a step for the first 4 (the plan is made on them: 13 steps, ending at 17 s), then 1 s
+    last = train(model(), slow_task(clock, first=2.0, faster_from=4), data, cfg)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    plans = [r["planned_steps"] for r in rows[3:]]
+    assert plans[0] == 13 and len(set(plans)) > 1 and plans == sorted(plans)  # it only grew
+    assert last["step"] == last["planned_steps"] == plans[-1]  # ended on the plan, not cut
+    assert "stopped_by_time" not in last and rows[-1]["lr"] == 0.0
+    # the budget is used: the run ends past loop.GROW_BELOW of it, within it
+    assert loop.GROW_BELOW * cfg.max_seconds <= rows[-1]["train_seconds"] <= cfg.max_seconds
+    # a longer plan decays the rate from where it is: no jump up, and no step sharper than
+    # the first plan's slope (1e-3 over its 9 steps after the warm-up)
+    lrs = [r["lr"] for r in rows]
+    peak = lrs.index(max(lrs))
+    assert all(later <= earlier for earlier, later in pairwise(lrs[peak:]))
+    assert max(a - b for a, b in pairwise(lrs[peak:])) <= 1e-3 / 9 + 1e-12
+
+
+def test_a_plan_fitted_again_goes_on_from_the_rate_where_it_is():
+    cfg = TrainConfig(out_dir="x", steps=100, warmup_steps=10, lr=1e-3, max_seconds=100)
+    first = loop.Plan(steps=20, warmup=4, seconds_per_step=2.0)
+    for per_step in (0.5, 4.0):  # faster: longer; slower: shorter
+        again = loop.Plan.fit(cfg, done=10, elapsed=30, per_step=per_step, previous=first)
+        assert (again.since, again.warmup) == (10, 4)
+        assert again.factor(10) == pytest.approx(first.factor(10))  # no jump
+        assert again.factor(again.steps) == 0.0 and again.steps != first.steps
+    # fitted again during the warm-up: the warm-up goes on, then the decay to the new end
+    early = loop.Plan.fit(cfg, done=2, elapsed=6, per_step=0.5, previous=first)
+    assert early.since == 0 and early.warmup == 4 and early.factor(3) == 1.0
 
 
 def test_a_resumed_budget_run_keeps_its_plan_and_equals_the_unbroken_one(tmp_path, monkeypatch):

@@ -216,6 +216,10 @@ TIMED_SECONDS = 60.0  # or this long, whichever is shorter
 # machine, longer batches): a run planned to the last second is cut by the guard with its rate
 # still up, where one planned with room ends its schedule, the rate decayed to 0.
 PLAN_SHARE = 0.9
+# A plan is fitted again, longer, when at the mean step time so far it would end before this
+# share of the budget: steps that sped up leave the rest of the budget to more steps. (Between
+# it and the whole budget a plan stands: a refit fills PLAN_SHARE, so it does not swing.)
+GROW_BELOW = 0.8
 
 
 RECENT_STEPS = 5  # the next step is predicted as the slowest of this many recent ones
@@ -223,7 +227,8 @@ RECENT_STEPS = 5  # the next step is predicted as the slowest of this many recen
 
 @dataclass(frozen=True)
 class Plan:
-    """How many steps a time budget holds, fixed once and kept in the checkpoint.
+    """How many steps a time budget holds, fitted once the first steps are timed and kept in
+    the checkpoint.
 
     After ``SKIPPED_STEPS`` steps the loop times the next ones, at least ``TIMED_STEPS`` of them
     and ``TIMED_FRACTION`` of the budget (or ``TIMED_SECONDS``), takes their mean time
@@ -235,16 +240,29 @@ class Plan:
     (``TrainConfig.warmup_steps`` scaled by steps / ``TrainConfig.steps``, or up to the step of
     the plan if that is later, so that a short run still reaches its peak rate) and decays to 0
     at ``steps``; the few steps before the plan ran on the unplanned schedule's first values.
-    Should the steps slow down so that the planned ones no longer fit (a busy machine, longer
-    batches), the plan is fitted again, shorter, from the mean step time so far, so that the run
-    still ends on its schedule; the shorter plan keeps the warm-up it had (``previous``), so the
-    rate decays to 0 sooner and never climbs back to its peak. A resumed run keeps the plan, so
-    it takes the very steps of an unbroken one.
+
+    Step times drift after the plan. Should the steps slow down so that the planned ones no
+    longer fit (a busy machine, longer batches), or speed up so that the plan would end with
+    more than ``1 - GROW_BELOW`` of the budget unused (a first pass through the data that paid
+    for caches and kernels, a neighbour that went quiet), the plan is fitted again from the
+    mean step time so far, shorter or longer. A plan fitted again (``previous``) keeps the
+    warm-up it had; past its warm-up, the rate goes on from where it is (``since``, ``start``:
+    the step of the refit and the rate there, as a share of the peak) straight down to 0 at the
+    new ``steps``, so it never jumps, up or down, and never climbs back to its peak. A resumed
+    run keeps the plan, so it takes the very steps of an unbroken one.
     """
 
     steps: int
     warmup: int
     seconds_per_step: float
+    since: int = 0  # a plan fitted again past its warm-up: the step of the refit,
+    start: float = 1.0  # and the rate there (a share of the peak), which falls to 0 at ``steps``
+
+    def factor(self, step: int) -> float:
+        """The learning-rate factor of optimizer step ``step`` (0-based) under this plan."""
+        if self.since and step >= self.since:
+            return max(0.0, self.start * (self.steps - step) / max(1, self.steps - self.since))
+        return linear_schedule(self.warmup, self.steps)(step)
 
     @classmethod
     def fit(
@@ -270,8 +288,10 @@ class Plan:
             ):
                 fits -= 1
         steps = max(done, min(config.steps, done + max(0, fits)))
-        if previous is not None:  # fitted again, shorter: the warm-up it had
+        if previous is not None:  # fitted again: the warm-up it had, and the rate where it is
             warmup = min(previous.warmup, steps)
+            if done >= previous.warmup:
+                return cls(steps, warmup, per_step, done, previous.factor(done))
         else:
             # A plan that comes after its scaled warm-up would have ended (a short budget) ends
             # the warm-up where it is made: the rate is at its peak there, then decays to 0.
@@ -399,10 +419,9 @@ class Run:
     def lr(self, step: int) -> float:
         """The learning rate of optimizer step ``step`` (0-based) under the schedule in force."""
         c = self.config
-        warmup, total = (
-            (self.plan.warmup, self.plan.steps) if self.plan else (c.warmup_steps, c.steps)
-        )
-        return c.lr * linear_schedule(warmup, total)(step)
+        if self.plan is not None:
+            return c.lr * self.plan.factor(step)
+        return c.lr * linear_schedule(c.warmup_steps, c.steps)(step)
 
     def seconds(self) -> float:
         """Training seconds so far, over this run and the ones it continues (evaluation and
@@ -551,22 +570,23 @@ class Run:
                 + (f" and the final evaluation and checkpoint (~{self.reserve():.2g} s)")
                 + f" would end at {ends_at:.1f} s"
             )
-        remaining = 0.0
-        if self.plan is not None and self.done < self.plan.steps:
-            left = self.plan.steps - self.done
-            remaining = (
+        ongoing = self.plan is not None and self.done < self.plan.steps
+        ends = elapsed  # when the plan would end, at the mean step time so far
+        if ongoing:
+            ends += (
                 pending
-                + left * per_step
+                + (self.plan.steps - self.done) * per_step
                 + evaluations(self.done, self.plan.steps, self.eval_every) * eval_seconds
                 + reserve
             )
-        replan = (  # steps that slowed down since the plan would not all fit: it shrinks
-            self.plan is not None
-            and self.done < self.plan.steps
-            and elapsed + remaining > c.max_seconds
-        )
-        if (self.plan is None and ready > 0) or replan:
-            self.plan = Plan.fit(
+        # The steps slowed down since the plan, so the planned ones would not all fit: it
+        # shrinks. Or they sped up, so it would end with a good part of the budget unused and
+        # more steps are wanted: it grows (if the refit holds more steps).
+        shrink = ongoing and ends > c.max_seconds
+        grow = ongoing and self.plan.steps < c.steps and ends < GROW_BELOW * c.max_seconds
+        if (self.plan is None and ready > 0) or shrink or grow:
+            before = self.plan
+            plan = Plan.fit(
                 c,
                 self.done,
                 elapsed + pending,
@@ -574,21 +594,39 @@ class Run:
                 reserve,
                 self.eval_every if self.evaluate_fn is not None else 0,
                 eval_seconds,
-                previous=self.plan,
+                previous=before,
             )
-            if self.main:
-                kept = f", {reserve:.3g}s kept for the final evaluation and checkpoint"
-                logger.warning(
-                    "time budget %gs: %d of %d steps fit (%.3gs a step%s); warm-up %d steps, "
-                    "the learning rate decays to 0 at step %d",
-                    c.max_seconds,
-                    self.plan.steps,
-                    c.steps,
-                    per_step,
-                    kept if reserve > 0 else "",
-                    self.plan.warmup,
-                    self.plan.steps,
-                )
+            if before is None or (
+                plan.steps < before.steps if shrink else plan.steps > before.steps
+            ):  # the first plan, or a refit that moved the plan the way it was made for
+                self.plan = plan
+                if self.main:
+                    self._say_plan(before, per_step, reserve)
+
+    def _say_plan(self, before: Plan | None, per_step: float, reserve: float) -> None:
+        """One warning line: the plan just made, and why a plan was made again."""
+        c, plan = self.config, self.plan
+        again = ""
+        if before is not None:
+            faster = plan.steps > before.steps
+            again = (
+                f" (fitted again at step {self.done}: steps were "
+                f"{'faster' if faster else 'slower'} than the {before.seconds_per_step:.3g}s "
+                f"planned, {before.steps} steps before)"
+            )
+        kept = f", {reserve:.3g}s kept for the final evaluation and checkpoint" if reserve else ""
+        logger.warning(
+            "time budget %gs: %d of %d steps fit (%.3gs a step%s)%s; warm-up %d steps, "
+            "the learning rate decays to 0 at step %d",
+            c.max_seconds,
+            plan.steps,
+            c.steps,
+            per_step,
+            kept,
+            again,
+            plan.warmup,
+            plan.steps,
+        )
 
     def evaluate(self, metrics: dict[str, float]) -> None:
         """Held-out metrics (``eval_*``) every ``eval_every`` steps and at the end, on the
