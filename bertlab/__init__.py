@@ -1,5 +1,9 @@
 """bertlab: a complete BERT in PyTorch, exact to the reference, readable, fast."""
 
+# First, before anything imports torch: how its OpenMP threads wait (bertlab/openmp.py).
+from bertlab import openmp  # noqa: F401
+
+# isort: split
 import random
 
 from bertlab import explore

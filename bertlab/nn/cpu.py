@@ -67,6 +67,8 @@ from pathlib import Path
 
 import torch
 
+from bertlab import openmp
+
 # ============================================================================ features
 # The instruction sets that matter here, by PyTorch's (cpuinfo's) names, in the order a limit
 # admits them. A limit names a level; every set up to that level stays.
@@ -301,6 +303,7 @@ class Policy:
             "products": {str(k).removeprefix("torch."): v for k, v in self.products.items()},
             "compiled": sorted(self.compiled),
             "not_compiled": dict(self.not_compiled),
+            "openmp_wait": openmp.WAIT,
         }  # fmt: skip
 
 
