@@ -5,7 +5,7 @@ process spends in those gaps, over the regions' own CPU time run back to back, p
 
     python benchmarks/harness/openmp_spin.py [--regions 50] [--threads 2]
 
-Settings: libgomp's default (300,000 pauses), bertlab's (``GOMP_SPINCOUNT`` = SPIN) and
+Settings: libgomp's default (``LIBGOMP_SPIN`` pauses), bertlab's (``GOMP_SPINCOUNT`` = ``SPIN``) and
 ``OMP_WAIT_POLICY=PASSIVE``. The gap's CPU time above PASSIVE's is the spinning.
 """
 
@@ -39,12 +39,11 @@ def main() -> None:
     ap.add_argument("--regions", type=int, default=50)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
-    sys.path.insert(0, os.getcwd())
-    from bertlab.openmp import SPIN
+    from bertlab.openmp import LIBGOMP_SPIN, SPIN
 
     base = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     settings = {
-        "libgomp's default": {"GOMP_SPINCOUNT": "300000"},
+        "libgomp's default": {"GOMP_SPINCOUNT": str(LIBGOMP_SPIN)},
         f"bertlab's (GOMP_SPINCOUNT={SPIN})": {"GOMP_SPINCOUNT": str(SPIN)},
         "OMP_WAIT_POLICY=PASSIVE": {"OMP_WAIT_POLICY": "PASSIVE"},
     }
