@@ -110,3 +110,52 @@ def test_the_package_holds_no_peer_and_its_extras_none_of_their_packages():
         p.name for p in HARNESS.iterdir()
     }
     assert "requirements.txt" in (HARNESS / "README.md").read_text()
+
+
+def _products_kernels() -> str | None:
+    """Why products_small.py's ways cannot run with this PyTorch, or None."""
+    import torch
+
+    from bertlab.nn import products
+
+    if products._linear_pointwise is None:
+        return "this PyTorch has no oneDNN linear (torch.ops.mkldnn._linear_pointwise)"
+    try:
+        torch.ops.mkl._mkl_linear, torch.ops.mkl._mkl_reorder_linear_weight  # noqa: B018
+    except (AttributeError, RuntimeError):
+        return "this PyTorch has no MKL packed product (torch.ops.mkl._mkl_linear)"
+    return None
+
+
+def test_every_way_of_the_small_products_harness_computes_the_same_products():
+    if (why := _products_kernels()) is not None:
+        pytest.skip(why)
+    import numpy as np
+    import torch
+
+    small = harness("products_small")
+    ways = small.chains(rows=3, pad=5, threads=1)
+    reference = ways["pytorch"]()
+    assert [tuple(y.shape) for y in reference[:4]] == [(3, 1152), (3, 384), (3, 1536), (3, 384)]
+    for name in ("onednn", "onednn-exact", "mkl-packed", "mkl-packed-pad"):
+        got = ways[name]()
+        assert len(got) == len(reference) == 24, name
+        for y, ref in zip(got, reference, strict=True):
+            # the padded way computes 5 rows: its first 3 are the sentence's
+            torch.testing.assert_close(y[:3], ref, rtol=1e-4, atol=1e-4, msg=name)
+        if name == "mkl-packed-pad":
+            assert got[0].shape[0] == 5
+    if "onnxruntime" in ways:
+        for y, ref in zip(ways["onnxruntime"](), reference, strict=True):
+            np.testing.assert_allclose(y, ref.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_the_small_products_harness_refuses_rows_it_cannot_pad(capsys):
+    small = harness("products_small")
+    with pytest.raises(SystemExit) as e:
+        small.main(["--rows", "21", "--pad", "16"])
+    assert e.value.code == 2
+    assert "--pad at least --rows, got 21, 16" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        small.main(["--rounds", "0"])
+    assert "--rounds and --calls must be at least 1, got 0, 10" in capsys.readouterr().err

@@ -1,0 +1,155 @@
+"""The float32 products of one short sentence, alone: where batch 1's time goes before anything
+else in the model runs. The bundled model's 24 products (6 layers: query-key-value 384 -> 1152,
+attention output 384 -> 384, feed-forward 384 -> 1536 and 1536 -> 384) on random weights and
+inputs of ``--rows`` rows, one chain after another, each way below timed in alternating rounds
+in one process, so the machine's drift falls on every way alike (with a pause of 50 ms before
+each, so that the idle threads of the way before, which spin for a while, hold no core):
+
+    onednn           bertlab's route: oneDNN's fused linear on the weight reordered for PACK_ROWS
+    onednn-exact     the same, reordered for exactly --rows rows
+    onednn-1-thread  bertlab's route on one thread (how much of the time the second one saves)
+    mkl-packed       MKL's packed product (torch.ops.mkl._mkl_linear), packed for exactly --rows
+    mkl-packed-pad   the same packed for --pad rows, the input padded to them (one packed copy
+                     serves every sentence up to --pad tokens; MKL's packed product runs only at
+                     the row count it was packed for, and PyTorch's unpacked one otherwise)
+    pytorch          F.linear (PyTorch's BLAS, unpacked)
+    onnxruntime      the same 24 MatMul + Add nodes as one ONNX Runtime graph (MLAS), if installed
+
+Prints each way's median milliseconds a chain and its median ratio to ``onednn`` over the rounds.
+The record of a run is kept in benchmarks/products-batch1-<cpu class>.txt.
+
+    python benchmarks/harness/products_small.py [--rows 21] [--pad 32] [--threads 2] [--rounds 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from bertlab.bench.speed import machine
+from bertlab.nn.products import PACK_ROWS
+
+SHAPES = [(384, 1152), (384, 384), (384, 1536), (1536, 384)] * 6  # (in, out), layer by layer
+
+
+def chains(rows: int, pad: int, threads: int) -> dict[str, Callable[[], object]]:
+    """name -> one chain of the 24 products at ``rows`` rows."""
+    g = torch.Generator().manual_seed(0)
+    weights = [
+        (torch.randn(n, k, generator=g) / k**0.5, torch.randn(n, generator=g)) for k, n in SHAPES
+    ]
+    x = {k: torch.randn(rows, k, generator=g) for k in (384, 1536)}
+    xp = {k: F.pad(v, (0, 0, 0, pad - rows)) for k, v in x.items()}
+    fused, reorder = torch.ops.mkldnn._linear_pointwise, torch.ops.mkldnn._reorder_linear_weight
+    mkl_pack, mkl = torch.ops.mkl._mkl_reorder_linear_weight, torch.ops.mkl._mkl_linear
+
+    def onednn(hint: int) -> Callable[[], None]:
+        packed = [(reorder(w, hint), b) for w, b in weights]
+        return lambda: [
+            fused(x[k], w, b, "none", [], "") for (k, _), (w, b) in zip(SHAPES, packed, strict=True)
+        ]
+
+    def mkl_packed(m: int, inputs: dict[int, torch.Tensor]) -> Callable[[], None]:
+        packed = [(mkl_pack(w, m), w, b) for w, b in weights]
+        return lambda: [
+            mkl(inputs[k], p, w, b, m) for (k, _), (p, w, b) in zip(SHAPES, packed, strict=True)
+        ]
+
+    bertlab = onednn(PACK_ROWS)
+
+    def one_thread() -> None:
+        torch.set_num_threads(1)
+        bertlab()
+        torch.set_num_threads(threads)
+
+    ways = {
+        "onednn": bertlab,
+        "onednn-exact": onednn(rows),
+        "onednn-1-thread": one_thread,
+        "mkl-packed": mkl_packed(rows, x),
+        "mkl-packed-pad": mkl_packed(pad, xp),
+        "pytorch": lambda: [
+            F.linear(x[k], w, b) for (k, _), (w, b) in zip(SHAPES, weights, strict=True)
+        ],
+    }
+    ort = onnxruntime_chain(weights, x, threads)
+    if ort is not None:
+        ways["onnxruntime"] = ort
+    return ways
+
+
+def onnxruntime_chain(weights, x, threads: int) -> Callable[[], object] | None:
+    """The 24 products as MatMul + Add nodes of one ONNX Runtime session (None if not installed)."""
+    try:
+        import onnx
+        import onnxruntime as ort
+        from onnx import TensorProto, helper, numpy_helper
+    except ImportError:
+        print("onnxruntime: not run (pip install 'bertlab[runtimes]')")
+        return None
+    nodes, inits, outputs = [], [], []
+    for i, ((k, _), (w, b)) in enumerate(zip(SHAPES, weights, strict=True)):
+        inits += [numpy_helper.from_array(w.t().contiguous().numpy(), f"w{i}"),
+                  numpy_helper.from_array(b.numpy(), f"b{i}")]  # fmt: skip
+        nodes += [helper.make_node("MatMul", [f"x{k}", f"w{i}"], [f"p{i}"]),
+                  helper.make_node("Add", [f"p{i}", f"b{i}"], [f"y{i}"])]  # fmt: skip
+        outputs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, None))
+    inputs = [helper.make_tensor_value_info(f"x{k}", TensorProto.FLOAT, [None, k]) for k in x]
+    graph = helper.make_graph(nodes, "products", inputs, outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "products.onnx"
+        onnx.save(model, path)
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    feed = {f"x{k}": v.numpy() for k, v in x.items()}
+    return lambda: session.run(None, feed)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rows", type=int, default=21, help="rows of each product's input (21)")
+    p.add_argument("--pad", type=int, default=32, help="rows mkl-packed-pad pads to (32)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--calls", type=int, default=10, help="chains a round (10)")
+    args = p.parse_args(argv)
+    if args.rows < 1 or args.pad < args.rows:
+        p.error(f"--rows must be at least 1 and --pad at least --rows, got {args.rows}, {args.pad}")
+    if args.rounds < 1 or args.calls < 1:
+        p.error(f"--rounds and --calls must be at least 1, got {args.rounds}, {args.calls}")
+    torch.set_num_threads(args.threads)
+    ways = chains(args.rows, args.pad, args.threads)
+    times: dict[str, list[float]] = {name: [] for name in ways}
+    with torch.inference_mode():
+        for f in ways.values():  # warm: kernels built, weights in cache
+            for _ in range(args.calls):
+                f()
+        for _ in range(args.rounds):
+            for name, f in ways.items():
+                time.sleep(
+                    0.05
+                )  # the last way's idle threads (ONNX Runtime's, OpenMP's) stop spinning
+                start = time.perf_counter()
+                for _ in range(args.calls):
+                    f()
+                times[name].append((time.perf_counter() - start) / args.calls * 1e3)
+    m = machine()
+    print(f"{m['cpu']}, {args.threads} threads, torch {m['torch']}: 24 float32 products at "
+          f"{args.rows} rows, {args.rounds} alternating rounds of {args.calls} chains")  # fmt: skip
+    base = times["onednn"]
+    for name, t in times.items():
+        ratio = statistics.median(a / b for a, b in zip(t, base, strict=True))
+        print(f"  {name:<16} {statistics.median(t):6.2f} ms a chain   {ratio:4.2f}x onednn")
+
+
+if __name__ == "__main__":
+    main()
