@@ -180,14 +180,22 @@ def test_bench_model_workloads_report_and_chart(capsys, tmp_path):
     assert len(table) == 2 + len(report["results"]) and "| tiny | variable | float32 |" in table[2]
 
 
-def test_alternate_turns_the_order_every_round():
-    from bertlab.bench.speed import alternate
+def test_alternate_turns_the_order_every_round_and_lets_each_run_start_on_quiet_cores(
+    monkeypatch,
+):
+    from bertlab.bench import speed
 
     calls = []
+    monkeypatch.setattr(speed.time, "sleep", lambda s: calls.append(f"({s})"))
     runs = {name: (lambda name=name: calls.append(name)) for name in "abc"}
-    times = alternate(runs, repeats=3, warmup=1)
-    assert "".join(calls) == "abc" + "abc" + "bca" + "cab"  # warm-up, then each round turned
-    assert {k: len(v) for k, v in times.items()} == {"a": 3, "b": 3, "c": 3}
+    times = speed.alternate(runs, repeats=4, warmup=1)
+    pause = f"({speed.SETTLE})"
+    assert speed.SETTLE > 0
+    # warm-up, then each round turned by one, every other round backwards, each timed run after
+    # a pause: so each run follows a different one from round to round
+    rounds = "abc" + "acb" + "cab" + "cba"
+    assert "".join(calls) == "abc" + "".join(pause + name for name in rounds)
+    assert {k: len(v) for k, v in times.items()} == {"a": 4, "b": 4, "c": 4}
 
 
 def test_bench_unknown_workload_is_named(capsys):

@@ -43,17 +43,27 @@ def machine() -> dict[str, Any]:
     }
 
 
+SETTLE = 0.1  # seconds of pause before each timed run (alternate)
+
+
 def alternate(runs: dict[str, Callable[[], Any]], repeats: int, warmup: int = 1) -> dict:
-    """Time each callable ``repeats`` times, interleaved; seconds per run, by name. The order
-    turns by one each round, so no run always follows the same other one (whose leftovers in
-    the caches and the allocator it would meet)."""
+    """Time each callable ``repeats`` times, interleaved; seconds per run, by name.
+
+    The order turns by one each round and runs backwards every other round, so no run always
+    follows the same other one (whose leftovers in the caches and the allocator it would meet).
+    Before each timed run the process pauses SETTLE seconds, untimed: the threads of the run
+    before stay awake a while after it returns, spinning for their next task (ONNX Runtime's
+    used about 50 ms of a core after each batch-1 round on the 2-core Xeon, PyTorch's OpenMP
+    threads a few ms), and a run started at once would share its cores with them."""
     for _ in range(warmup):
         for fn in runs.values():
             fn()
     names = list(runs)
     times: dict[str, list[float]] = {name: [] for name in names}
     for i in range(repeats):
-        for name in names[i % len(names) :] + names[: i % len(names)]:
+        order = names[i % len(names) :] + names[: i % len(names)]
+        for name in reversed(order) if i % 2 else order:
+            time.sleep(SETTLE)
             start = time.perf_counter()
             runs[name]()
             times[name].append(time.perf_counter() - start)
