@@ -2,8 +2,9 @@
 else in the model runs. The bundled model's 24 products (6 layers: query-key-value 384 -> 1152,
 attention output 384 -> 384, feed-forward 384 -> 1536 and 1536 -> 384) on random weights and
 inputs of ``--rows`` rows, one chain after another, each way below timed in alternating rounds
-in one process, so the machine's drift falls on every way alike (with a pause of 50 ms before
-each, so that the idle threads of the way before, which spin for a while, hold no core):
+in one process (``bertlab.bench.speed.alternate``, as the benchmarks time systems: the order
+turns each round, and each run starts after a pause in which the idle threads of the run before
+stop spinning), so the machine's drift falls on every way alike:
 
     onednn           bertlab's route: oneDNN's fused linear on the weight reordered for PACK_ROWS
     onednn-exact     the same, reordered for exactly --rows rows
@@ -26,14 +27,13 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from bertlab.bench.speed import machine
+from bertlab.bench.speed import alternate, machine
 from bertlab.nn.products import PACK_ROWS
 
 SHAPES = [(384, 1152), (384, 384), (384, 1536), (1536, 384)] * 6  # (in, out), layer by layer
@@ -128,20 +128,10 @@ def main(argv: list[str] | None = None) -> None:
         p.error(f"--rounds and --calls must be at least 1, got {args.rounds}, {args.calls}")
     torch.set_num_threads(args.threads)
     ways = chains(args.rows, args.pad, args.threads)
-    times: dict[str, list[float]] = {name: [] for name in ways}
-    with torch.inference_mode():
-        for f in ways.values():  # warm: kernels built, weights in cache
-            for _ in range(args.calls):
-                f()
-        for _ in range(args.rounds):
-            for name, f in ways.items():
-                time.sleep(
-                    0.05
-                )  # the last way's idle threads (ONNX Runtime's, OpenMP's) stop spinning
-                start = time.perf_counter()
-                for _ in range(args.calls):
-                    f()
-                times[name].append((time.perf_counter() - start) / args.calls * 1e3)
+    runs = {name: (lambda f=f: [f() for _ in range(args.calls)]) for name, f in ways.items()}
+    with torch.inference_mode():  # (alternate: warm once, then the rounds, each run after a pause)
+        seconds = alternate(runs, args.rounds)
+    times = {name: [s / args.calls * 1e3 for s in t] for name, t in seconds.items()}
     m = machine()
     print(f"{m['cpu']}, {args.threads} threads, torch {m['torch']}: 24 float32 products at "
           f"{args.rows} rows, {args.rounds} alternating rounds of {args.calls} chains")  # fmt: skip
