@@ -137,7 +137,7 @@ def test_every_way_of_the_small_products_harness_computes_the_same_products():
     ways = small.chains(rows=3, pad=5, threads=1)
     reference = ways["pytorch"]()
     assert [tuple(y.shape) for y in reference[:4]] == [(3, 1152), (3, 384), (3, 1536), (3, 384)]
-    for name in ("onednn", "onednn-exact", "mkl-packed", "mkl-packed-pad"):
+    for name in ("onednn", "onednn-exact", "mkl-few-rows", "mkl-packed", "mkl-packed-pad"):
         got = ways[name]()
         assert len(got) == len(reference) == 24, name
         for y, ref in zip(got, reference, strict=True):
@@ -159,3 +159,16 @@ def test_the_small_products_harness_refuses_rows_it_cannot_pad(capsys):
     with pytest.raises(SystemExit):
         small.main(["--rounds", "0"])
     assert "--rounds and --calls must be at least 1, got 0, 10" in capsys.readouterr().err
+
+
+def test_the_few_rows_harness_refuses_unknown_workloads_and_zero_rounds(capsys):
+    few = harness("few_rows")
+    with pytest.raises(SystemExit) as e:
+        few.main(["--workloads", "batch-1,huge"])
+    assert e.value.code == 2
+    assert "--workloads must name some of file-order, sorted, batch-1, got ['batch-1', 'huge']" in (
+        capsys.readouterr().err
+    )
+    with pytest.raises(SystemExit):
+        few.main(["--rounds", "0"])
+    assert "--rounds and --threads must be at least 1, got 0, 2" in capsys.readouterr().err

@@ -12,6 +12,7 @@ import platform
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -171,6 +172,38 @@ def test_a_kernel_this_pytorch_lacks_is_refused_naming_the_operator():
     assert F32 not in p.products and p.products[BF16] == "float32"  # PyTorch's own kernels
 
 
+@pytest.mark.parametrize("cls", ["amx", "avx512-bf16", "avx512", "avx2"])
+def test_few_rows_take_mkl_on_intel_cpus_and_onednn_elsewhere(cls):
+    """MKL's packed product for float32 products of few rows where it was measured (Intel
+    CPUs, natively and under the AVX2 limits) and this PyTorch has it; oneDNN's elsewhere,
+    saying why; none where float32 takes PyTorch's own kernels."""
+    features = CLASSES[cls][0]
+    intel = cpu.policy(replace(features, vendor="GenuineIntel"), environ={})
+    assert intel.few_rows == "mkl" and intel.describe()["few_rows"] == "mkl"
+    amd = cpu.policy(replace(features, vendor="AuthenticAMD"), environ={})
+    assert amd.few_rows == "onednn" and "AuthenticAMD" in amd.few_rows_why
+    no_mkl = cpu.policy(replace(features, vendor="GenuineIntel", mkl=False), environ={})
+    assert no_mkl.few_rows == "onednn" and "no MKL packed product" in no_mkl.few_rows_why
+    for other in ("x86", "arm", "other"):
+        p = cpu.policy(replace(CLASSES[other][0], vendor="GenuineIntel"), environ={})
+        assert p.few_rows is None and "PyTorch's own kernels" in p.few_rows_why
+
+
+def test_the_few_rows_kernel_can_be_forced_and_one_that_cannot_run_is_refused_by_name():
+    amd = replace(CLASSES["avx2"][0], vendor="AuthenticAMD")
+    assert cpu.policy(amd, environ={"BERTLAB_FEW_ROWS": " MKL "}).few_rows == "mkl"
+    intel = replace(amd, vendor="GenuineIntel")
+    p = cpu.policy(intel, environ={"BERTLAB_FEW_ROWS": "onednn"})
+    assert p.few_rows == "onednn" and p.few_rows_why == "forced by BERTLAB_FEW_ROWS=onednn"
+    assert cpu.policy(intel, environ={"BERTLAB_FEW_ROWS": "auto"}).few_rows == "mkl"
+    with pytest.raises(ValueError, match="BERTLAB_FEW_ROWS=mlas is not a kernel; choose auto, "):
+        cpu.policy(intel, environ={"BERTLAB_FEW_ROWS": "mlas"})
+    with pytest.raises(ValueError, match=r"BERTLAB_FEW_ROWS=mkl: PyTorch .* has no MKL packed"):
+        cpu.policy(replace(intel, mkl=False), environ={"BERTLAB_FEW_ROWS": "mkl"})
+    with pytest.raises(ValueError, match=r"BERTLAB_FEW_ROWS=onednn: .* this CPU \(arm\)"):
+        cpu.policy(CLASSES["arm"][0], environ={"BERTLAB_FEW_ROWS": "onednn"})
+
+
 @pytest.mark.parametrize(
     ("environ", "allowed", "removed"),
     [
@@ -214,6 +247,14 @@ def test_features_are_read_from_the_environment(monkeypatch):
     if f.x86:
         assert not f.flags & {"avx512_f", "avx_vnni", "amx_int8"}
     assert f.arch == platform.machine().lower()
+    cpuinfo = Path("/proc/cpuinfo")
+    vendors = [
+        line.partition(":")[2].strip()
+        for line in (cpuinfo.read_text().splitlines() if cpuinfo.is_file() else [])
+        if line.startswith("vendor_id")
+    ]
+    assert f.vendor == (vendors[0] if vendors else "")
+    assert f.mkl == (torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear"))
 
 
 def _tiny() -> BertModel:

@@ -120,11 +120,13 @@ def test_npy_holds_float32_rows_in_input_order_from_plain_text_lines(capsys, tmp
 
 
 def same_results(got: list, want: list) -> bool:
-    """Equal labels, entities and spans; scores within 1e-5."""
+    """Equal labels, entities and spans; scores within 1e-4 (a chunk and the whole file are
+    batches of different row counts, which float32 products may compute with different kernels:
+    products.FEW_ROWS; the scrambled heads magnify their rounding to about 1e-5)."""
     if len(got) != len(want):
         return False
     for g, w in zip(got, want, strict=True):
-        if {**g, "score": 0} != {**w, "score": 0} or abs(g["score"] - w["score"]) > 1e-5:
+        if {**g, "score": 0} != {**w, "score": 0} or abs(g["score"] - w["score"]) > 1e-4:
             return False
     return True
 

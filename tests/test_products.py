@@ -3,7 +3,10 @@ function (in bfloat16 rounding once instead of twice), on weights packed once an
 whenever a weight changes; the module route runs whenever a gradient is recorded, a hook must
 see the call, an adapter wraps the layer or the input is not CPU float32 or bfloat16. Also the
 batch shapes beside it: spare rows (packing.round_rows) and the feed-forward network in row
-chunks."""
+chunks. float32 products of few rows take MKL's packed product where the policy says so, on one
+packed copy that serves every row count."""
+
+import dataclasses
 
 import pytest
 import torch
@@ -21,6 +24,11 @@ from bertlab.nn.precision import quantize_int8
 needs_onednn = pytest.mark.skipif(
     not products._onednn_here(),
     reason=f"oneDNN's products do not run on this CPU (class {cpu.current().cpu_class})",
+)
+needs_mkl = pytest.mark.skipif(
+    not (products._onednn_here() and cpu.features().mkl),
+    reason="MKL's packed product does not run here: "
+    + (cpu.current().few_rows_why or "no oneDNN route"),
 )
 BF16_STEP = 2**-8  # bfloat16 keeps 8 significant bits: one rounding is off by <= 2**-9 relative
 ACTS = [
@@ -59,6 +67,24 @@ def spy_onednn(monkeypatch):
     return calls
 
 
+def spy_mkl(monkeypatch):
+    calls = []
+    real = products._mkl_linear
+    monkeypatch.setattr(products, "_mkl_linear", lambda *a: calls.append(a) or real(*a))
+    return calls
+
+
+def few_rows_on(monkeypatch, kernel):
+    """The policy's kernel for float32 products of few rows, for this test."""
+    monkeypatch.setattr(cpu, "_CURRENT", [dataclasses.replace(cpu.current(), few_rows=kernel)])
+
+
+FEW_ROWS = [
+    "onednn",
+    pytest.param("mkl", marks=needs_mkl),
+]
+
+
 @needs_onednn
 def test_each_fused_form_is_the_exact_result_rounded_once(monkeypatch):
     layer, x = layer_and_input()
@@ -87,12 +113,14 @@ def test_fused_is_at_least_as_close_as_the_module_route():
 
 
 @needs_onednn
-def test_float32_routes_compute_the_layer_to_float32_rounding(monkeypatch):
-    """In float32 oneDNN orders the sums of a product differently from PyTorch's BLAS: the
-    same function, within float32 tolerance (with the activation and the sum too)."""
+@pytest.mark.parametrize("few_rows", FEW_ROWS)
+def test_float32_routes_compute_the_layer_to_float32_rounding(few_rows, monkeypatch):
+    """In float32 oneDNN and MKL order the sums of a product differently from PyTorch's BLAS:
+    the same function, within float32 tolerance (with the activation and the sum too)."""
     layer, x = layer_and_input(n_in=384, n_out=512, shape=(5, 9), dtype=torch.float32)
     other = torch.randn(5, 9, 512)
-    calls = spy_onednn(monkeypatch)
+    few_rows_on(monkeypatch, few_rows)
+    calls = (spy_mkl if few_rows == "mkl" else spy_onednn)(monkeypatch)
     with torch.inference_mode():
         for got, want in [
             (products.linear(layer, x), layer(x)),
@@ -326,6 +354,7 @@ def _encoder_model(dtype, kernel="packed", head=BertModel):
 @pytest.mark.parametrize("kernel", ["packed", "sdpa", "eager"])
 def test_the_fused_products_equal_pytorchs_own(dtype, kernel, monkeypatch):
     model, ids, mask = _encoder_model(dtype, kernel)
+    few_rows_on(monkeypatch, "onednn")  # (few rows in float32 may take MKL's product: below)
     calls = spy_onednn(monkeypatch)
     with torch.inference_mode():
         got = model(ids, mask, output_hidden_states=True)
@@ -344,10 +373,13 @@ def test_the_fused_products_equal_pytorchs_own(dtype, kernel, monkeypatch):
 
 
 @needs_onednn
-def test_packed_weights_follow_every_change_of_the_weights():
+@pytest.mark.parametrize("few_rows", FEW_ROWS)
+def test_packed_weights_follow_every_change_of_the_weights(few_rows, monkeypatch):
     """A weight written in place, a state dict loaded, a cast there and back, an optimizer step
     (a fused one moves no version counter): the next call computes with the weights as they
-    are now, never a stale packed copy."""
+    are now, never a stale packed copy (oneDNN's, or MKL's for few rows)."""
+    few_rows_on(monkeypatch, few_rows)
+    calls = (spy_mkl if few_rows == "mkl" else spy_onednn)(monkeypatch)
     model, ids, mask = _encoder_model(torch.float32)
     plain, _, _ = _encoder_model(torch.float32)
     plain.set_fast_inference(False)
@@ -379,6 +411,60 @@ def test_packed_weights_follow_every_change_of_the_weights():
         model(ids, mask).last_hidden_state.sum().backward()  # in eval mode: no dropout
         optimizer.step()
         check()
+    assert calls  # (the packed route ran)
+
+
+@needs_mkl
+@pytest.mark.parametrize(("n_in", "n_out"), [(384, 1152), (1536, 384)])
+def test_one_mkl_packed_copy_serves_every_row_count(n_in, n_out):
+    """MKL packs a weight for MKL_PACK_ROWS rows; told the actual count, the product on that one
+    copy is the layer's at every count from 1 to 200 (a kernel packed for other counts would
+    give wrong numbers, not an error: this is what makes one copy enough)."""
+    layer, _ = layer_and_input(n_in=n_in, n_out=n_out, dtype=torch.float32)
+    g = torch.Generator().manual_seed(1)
+    with torch.inference_mode():
+        for rows in range(1, 201):
+            x = torch.randn(rows, n_in, generator=g)
+            got = products._few_rows((layer,), x)
+            torch.testing.assert_close(got, layer(x), rtol=1e-5, atol=1e-5, msg=f"{rows} rows")
+    assert len(products._MKL_PACKED) >= 1 and layer in products._MKL_PACKED
+
+
+@needs_mkl
+def test_few_rows_take_mkls_product_and_more_rows_take_onednns(monkeypatch):
+    """At most FEW_ROWS rows: MKL's packed product (then the epilogue in place); one more row:
+    oneDNN's fused one. Both are the layer's function; with the policy on oneDNN, no MKL copy
+    is made."""
+    layer, _ = layer_and_input(n_in=64, n_out=96, dtype=torch.float32)
+    few_rows_on(monkeypatch, "mkl")
+    mkl, onednn = spy_mkl(monkeypatch), spy_onednn(monkeypatch)
+    rows = products.FEW_ROWS
+    with torch.inference_mode():
+        for shape in [(1, rows), (rows + 1,)]:
+            x = torch.randn(*shape, 64)
+            other = torch.randn(*shape, 96)
+            got = products.linear(layer, x, act=nn.GELU(), residual=other)
+            torch.testing.assert_close(got, F.gelu(layer(x)) + other, rtol=1e-5, atol=1e-5)
+    assert (len(mkl), len(onednn)) == (1, 1)
+    assert mkl[0][-1] == rows  # the product is told the actual row count
+    fresh, _ = layer_and_input(n_in=64, n_out=96, dtype=torch.float32)
+    few_rows_on(monkeypatch, "onednn")
+    with torch.inference_mode():
+        products.linear(fresh, torch.randn(3, 64))
+    assert fresh not in products._MKL_PACKED and len(mkl) == 1
+
+
+@needs_mkl
+def test_inference_tensor_weights_take_pytorchs_product_on_few_rows(monkeypatch):
+    """Weights made under inference_mode keep no version counter, so nothing is packed for
+    them: few rows are computed by F.linear, with the same numbers."""
+    few_rows_on(monkeypatch, "mkl")
+    mkl = spy_mkl(monkeypatch)
+    with torch.inference_mode():
+        layer, x = layer_and_input(n_in=64, n_out=96, dtype=torch.float32)
+        got = products.linear(layer, x)
+    torch.testing.assert_close(got, F.linear(x, layer.weight, layer.bias))
+    assert not mkl and layer not in products._MKL_PACKED
 
 
 def test_set_fast_inference_refuses_anything_but_a_bool():

@@ -6,13 +6,17 @@ in one process (``bertlab.bench.speed.alternate``, as the benchmarks time system
 turns each round, and each run starts after a pause in which the idle threads of the run before
 stop spinning), so the machine's drift falls on every way alike:
 
-    onednn           bertlab's route: oneDNN's fused linear on the weight reordered for PACK_ROWS
+    onednn           oneDNN's fused linear on the weight reordered for PACK_ROWS (bertlab's
+                     route for float32 products of more than FEW_ROWS rows)
+    mkl-few-rows     MKL's packed product on the weight packed once for MKL_PACK_ROWS rows and
+                     told the actual row count (bertlab's route for float32 products of at most
+                     FEW_ROWS rows on Intel CPUs)
     onednn-exact     the same, reordered for exactly --rows rows
     onednn-1-thread  bertlab's route on one thread (how much of the time the second one saves)
     mkl-packed       MKL's packed product (torch.ops.mkl._mkl_linear), packed for exactly --rows
-    mkl-packed-pad   the same packed for --pad rows, the input padded to them (one packed copy
-                     serves every sentence up to --pad tokens; MKL's packed product runs only at
-                     the row count it was packed for, and PyTorch's unpacked one otherwise)
+    mkl-packed-pad   the same packed for --pad rows, the input padded to them (PyTorch's operator
+                     computes on the packed copy when told the count it was packed for, on the
+                     unpacked weight otherwise; mkl-few-rows tells it the actual count instead)
     pytorch          F.linear (PyTorch's BLAS, unpacked)
     onnxruntime      the same 24 MatMul + Add nodes as one ONNX Runtime graph (MLAS), if installed
 
@@ -34,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from bertlab.bench.speed import alternate, machine
-from bertlab.nn.products import PACK_ROWS
+from bertlab.nn.products import MKL_PACK_ROWS, PACK_ROWS
 
 SHAPES = [(384, 1152), (384, 384), (384, 1536), (1536, 384)] * 6  # (in, out), layer by layer
 
@@ -56,10 +60,10 @@ def chains(rows: int, pad: int, threads: int) -> dict[str, Callable[[], object]]
             fused(x[k], w, b, "none", [], "") for (k, _), (w, b) in zip(SHAPES, packed, strict=True)
         ]
 
-    def mkl_packed(m: int, inputs: dict[int, torch.Tensor]) -> Callable[[], None]:
+    def mkl_packed(m: int, inputs: dict[int, torch.Tensor], told: int) -> Callable[[], None]:
         packed = [(mkl_pack(w, m), w, b) for w, b in weights]
         return lambda: [
-            mkl(inputs[k], p, w, b, m) for (k, _), (p, w, b) in zip(SHAPES, packed, strict=True)
+            mkl(inputs[k], p, w, b, told) for (k, _), (p, w, b) in zip(SHAPES, packed, strict=True)
         ]
 
     bertlab = onednn(PACK_ROWS)
@@ -73,8 +77,9 @@ def chains(rows: int, pad: int, threads: int) -> dict[str, Callable[[], object]]
         "onednn": bertlab,
         "onednn-exact": onednn(rows),
         "onednn-1-thread": one_thread,
-        "mkl-packed": mkl_packed(rows, x),
-        "mkl-packed-pad": mkl_packed(pad, xp),
+        "mkl-few-rows": mkl_packed(MKL_PACK_ROWS, x, rows),
+        "mkl-packed": mkl_packed(rows, x, rows),
+        "mkl-packed-pad": mkl_packed(pad, xp, pad),
         "pytorch": lambda: [
             F.linear(x[k], w, b) for (k, _), (w, b) in zip(SHAPES, weights, strict=True)
         ],

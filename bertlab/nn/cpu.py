@@ -28,6 +28,13 @@ instruction; what was measured where, natively or on a simulation: docs/performa
   emulate those instructions there, several times slower than float32. bfloat16 is never
   refused: it runs, and warns once a process that its products run in float32.
   "PyTorch's": the module route, PyTorch's own kernels (on Arm, its NEON/SVE ones).
+* **few rows** (``Policy.few_rows``): a float32 product of at most products.FEW_ROWS rows (one
+  short sentence, a handful of them) reads its whole weight for little arithmetic, and MKL's
+  packed product does that faster than oneDNN's (docs/performance.md). On Intel CPUs where
+  float32 takes the oneDNN route and this PyTorch has MKL's packed product, such products take
+  it ("mkl"); elsewhere they stay on oneDNN ("onednn"): MKL's kernels were measured on Intel
+  CPUs only (natively and under the AVX2 limits), not on AMD ones. ``BERTLAB_FEW_ROWS``
+  (``auto``, ``mkl`` or ``onednn``) forces one; one that cannot run here is refused by name.
 * **int8 kernels** (precision.py): ``onednn-s8`` is ``torch._int_mm`` (int8 x int8 summed in
   int32 by oneDNN's VNNI or AMX kernels; PyTorch sends it to oneDNN only where the CPU has
   AVX512-VNNI, and to a scalar loop elsewhere). ``fbgemm-u8`` and ``onednn-u8`` take the
@@ -134,6 +141,8 @@ class Features:
     onednn_bf16: bool = True  # oneDNN computes bfloat16 here (natively or not)
     fbgemm: bool = True  # this PyTorch has fbgemm's int8 linear kernels
     int_mm: bool = True  # this PyTorch has torch._int_mm
+    vendor: str = ""  # "GenuineIntel", "AuthenticAMD", ... ("" where not read)
+    mkl: bool = True  # this PyTorch has MKL's packed float32 product (torch.ops.mkl._mkl_linear)
 
     @property
     def x86(self) -> bool:
@@ -164,15 +173,17 @@ PROC_NAMES = {
 }
 
 
-def _hardware_flags() -> tuple[str, frozenset[str]]:
-    """(model name, instruction sets) from PyTorch's cpuinfo, else /proc/cpuinfo."""
-    model, flags = platform.processor() or "unknown", set()
+def _hardware_flags() -> tuple[str, frozenset[str], str]:
+    """(model name, instruction sets, vendor) from PyTorch's cpuinfo, else /proc/cpuinfo."""
+    model, flags, vendor = platform.processor() or "unknown", set(), ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             key, _, value = line.partition(":")
             key = key.strip()
             if key in ("model name", "Model name") and model in ("unknown", "", "x86_64"):
                 model = value.strip()
+            elif key == "vendor_id" and not vendor:
+                vendor = value.strip()
             elif key in ("flags", "Features") and not flags:
                 flags = {PROC_NAMES.get(n, n) for n in value.split()}
     except OSError:
@@ -187,7 +198,7 @@ def _hardware_flags() -> tuple[str, frozenset[str]]:
             flags = {k for k, v in found.items() if v is True} | (flags & ARM_FLAGS)
             if model == "unknown" and isinstance(found.get("cpu_name"), str):
                 model = found["cpu_name"]
-    return model, frozenset(flags & (X86_FLAGS | ARM_FLAGS))
+    return model, frozenset(flags & (X86_FLAGS | ARM_FLAGS)), vendor
 
 
 def _limits(environ: dict[str, str] | os._Environ) -> tuple[tuple[str, ...], frozenset[str]]:
@@ -213,7 +224,7 @@ def _limits(environ: dict[str, str] | os._Environ) -> tuple[tuple[str, ...], fro
 @functools.cache
 def features() -> Features:
     """This CPU's features, narrowed by the libraries' limits (module docstring). Read once."""
-    model, flags = _hardware_flags()
+    model, flags, vendor = _hardware_flags()
     arch = platform.machine().lower()
     limits, allowed = _limits(os.environ)
     if arch in ("x86_64", "amd64"):
@@ -230,6 +241,8 @@ def features() -> Features:
         onednn_bf16=onednn and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
         fbgemm="fbgemm" in engines and _has_op("quantized", FBGEMM_LINEAR),
         int_mm=hasattr(torch, "_int_mm"),
+        vendor=vendor,
+        mkl=torch.backends.mkl.is_available() and _has_op("mkl", "_mkl_linear"),
     )
 
 
@@ -277,6 +290,10 @@ class Policy:
     compiled: frozenset[str] = frozenset()  # the precisions Compiled runs as its program
     # why Compiled calls the model in each other precision ("float32", "bfloat16", "int8")
     not_compiled: dict[str, str] = field(default_factory=dict)
+    # the kernel of float32 products with few rows on the oneDNN route: "mkl" or "onednn"
+    # (None where float32 takes PyTorch's kernels), and why
+    few_rows: str | None = None
+    few_rows_why: str = ""
 
     @property
     def onednn_isa(self) -> str | None:
@@ -303,6 +320,8 @@ class Policy:
             "products": {str(k).removeprefix("torch."): v for k, v in self.products.items()},
             "compiled": sorted(self.compiled),
             "not_compiled": dict(self.not_compiled),
+            "few_rows": self.few_rows,
+            "few_rows_why": self.few_rows_why,
             "openmp_wait": openmp.WAIT,
         }  # fmt: skip
 
@@ -430,6 +449,7 @@ def policy(f: Features, environ: dict[str, str] | os._Environ | None = None) -> 
                 f"of CPU ({cls})"
             )
     compiled = frozenset(COMPILED.get(cls, ())) - set(not_compiled)
+    few_rows, few_rows_why = _few_rows(f, products, environ.get("BERTLAB_FEW_ROWS", ""))
     return Policy(
         cpu_class=cls,
         features=f,
@@ -441,7 +461,42 @@ def policy(f: Features, environ: dict[str, str] | os._Environ | None = None) -> 
         products=products,
         compiled=compiled,
         not_compiled=not_compiled,
+        few_rows=few_rows,
+        few_rows_why=few_rows_why,
     )
+
+
+FEW_ROWS_KERNELS = ("mkl", "onednn")
+
+
+def _few_rows(f: Features, products: dict[torch.dtype, str], forced: str) -> tuple[str | None, str]:
+    """(kernel, why) of float32 products with few rows (module docstring); a forced kernel
+    that cannot run here is refused (ValueError), naming what is missing."""
+    forced = forced.strip().lower()
+    if forced not in ("", "auto", *FEW_ROWS_KERNELS):
+        raise ValueError(f"BERTLAB_FEW_ROWS={forced} is not a kernel; choose auto, mkl or onednn")
+    if products.get(torch.float32) != "onednn":
+        if forced in FEW_ROWS_KERNELS:
+            raise ValueError(
+                f"BERTLAB_FEW_ROWS={forced}: float32 products take PyTorch's own kernels on "
+                f"this CPU ({classify(f)}), not oneDNN's route"
+            )
+        return None, "float32 products take PyTorch's own kernels here"
+    if not f.mkl:
+        if forced == "mkl":
+            raise ValueError(
+                f"BERTLAB_FEW_ROWS=mkl: PyTorch {torch.__version__} has no MKL packed product "
+                "(torch.ops.mkl._mkl_linear)"
+            )
+        return "onednn", f"PyTorch {torch.__version__} has no MKL packed product"
+    if forced in FEW_ROWS_KERNELS:
+        return forced, f"forced by BERTLAB_FEW_ROWS={forced}"
+    if f.vendor != "GenuineIntel":
+        return "onednn", (
+            f"MKL's packed product was measured faster on Intel CPUs only; this one is "
+            f"{f.vendor or 'of an unknown vendor'}"
+        )
+    return "mkl", "MKL's packed product, measured faster than oneDNN's on few rows"
 
 
 def inductor_options() -> dict[str, object]:

@@ -15,7 +15,11 @@ traced, and the CPU's class (cpu.py: ``cpu.current().products`` maps a dtype to 
               product on the weight packed once into its blocked layout (cached here per
               layer, made again when the weight changes) and applies the bias, the activation
               or the residual sum to each tile while it is in cache; layers that read one
-              input run as one product on their stacked weights.
+              input run as one product on their stacked weights. A product of at most
+              FEW_ROWS rows (a short sentence) reads the whole weight for little arithmetic:
+              where the policy says so (``cpu.current().few_rows == "mkl"``: Intel CPUs) MKL's
+              packed product computes it instead, on a second packed copy of the weight made
+              the first time such a product runs, and the epilogue follows in place.
     "float32" the same layer in bfloat16 on a CPU without bfloat16 instructions, where
               PyTorch's bfloat16 products emulate them several times slower than float32: the
               product is computed in float32 (on oneDNN's packed float32 copy of the weight on
@@ -31,11 +35,13 @@ traced, and the CPU's class (cpu.py: ``cpu.current().products`` maps a dtype to 
               activation, dropout and sum in PyTorch (the sum into dropout's fresh output
               where dropout ran, as its backward needs only its mask).
 
-The routes give the same results up to rounding: in float32 the oneDNN product orders its sums
-differently from PyTorch's BLAS (about 1e-6 relative); in bfloat16 the fused and the float32
-forms round once, after the activation or the sum, where the module route rounds before it too.
-On Arm and other CPUs without oneDNN's x86 kernels, float32 takes the module route: PyTorch's
-own kernels.
+The routes give the same results up to rounding: in float32 the oneDNN and MKL products order
+their sums differently from PyTorch's BLAS and from each other (about 1e-6 relative; so on Intel
+CPUs a text's float32 numbers can differ at that level between a batch of at most FEW_ROWS
+tokens and a larger one); in bfloat16 the fused and the
+float32 forms round once, after the activation or the sum, where the module route rounds
+before it too. On Arm and other CPUs without oneDNN's x86 kernels, float32 takes the module
+route: PyTorch's own kernels.
 ``set_fast_inference(False)`` on a model (``plain``) sends all its layers by the module route,
 to reproduce another library's float32 numbers bit for bit.
 
@@ -64,9 +70,20 @@ try:  # oneDNN's fused linear (the operator torch.compile uses for the same fusi
     _reorder = torch.ops.mkldnn._reorder_linear_weight
 except (AttributeError, RuntimeError):  # pragma: no cover - a PyTorch built without oneDNN
     _linear_pointwise = _reorder = None
+try:  # MKL's packed float32 product (what torch.compile calls for a linear of fixed row count)
+    _mkl_linear = torch.ops.mkl._mkl_linear
+    _mkl_pack = torch.ops.mkl._mkl_reorder_linear_weight
+except (AttributeError, RuntimeError):  # pragma: no cover - a PyTorch built without MKL
+    _mkl_linear = _mkl_pack = None
 
 PACK_ROWS = 512  # the row count oneDNN is told to expect when it reorders a weight: of 1, 32,
 # 128, 256, 512 and 2048, 512 was fastest both at batch 1 and on sorted batches of 32 sentences
+FEW_ROWS = 128  # float32 products of at most this many rows may take MKL's packed product: it
+# was faster than oneDNN's from 1 to 128 rows and level with it from 160 on (docs/performance.md)
+MKL_PACK_ROWS = 128  # the row count MKL is told to expect when it packs a weight. Its packed
+# layout serves any row count (the product is told the actual one: tests/test_products.py checks
+# 1 to 200 rows against F.linear), but the kernel it is packed for depends on the count: packed
+# for 512 rows it was slower than oneDNN at 8 to 128 rows, packed for 64 to 256 faster
 
 PLAIN = "plain_product"  # a layer attribute: True sends it by the module route (plain())
 
@@ -101,7 +118,9 @@ def route(layer: nn.Module, x: torch.Tensor, dropout: nn.Module | None = None) -
     """How ``layer(x)`` is computed: "onednn", "float32", "int8" or "module" (the module
     docstring)."""
     if torch.is_grad_enabled() and _recording(x, layer):
-        _PACKED.pop(layer, None)  # an optimizer may write the weight without a version change
+        # an optimizer may write the weight without a version change
+        _PACKED.pop(layer, None)
+        _MKL_PACKED.pop(layer, None)
         return "module"
     if (
         not x.is_cpu
@@ -188,7 +207,14 @@ def _product(
 ) -> torch.Tensor:
     """``residual + act(x W^T + b)`` for the layers' stacked weights, in x's dtype (float32 or
     bfloat16): one oneDNN call with its epilogue where oneDNN runs here, else PyTorch's
-    product on the cached copy of the weights, then the epilogue in place."""
+    product on the cached copy of the weights, then the epilogue in place. float32 with at
+    most FEW_ROWS rows: MKL's packed product where the policy says so, then the epilogue."""
+    if (
+        x.dtype == torch.float32
+        and x.numel() <= FEW_ROWS * x.shape[-1]
+        and cpu.current().few_rows == "mkl"
+    ):
+        return _epilogue(_few_rows(layers, x), act, residual)
     weight, bias = packed(layers, x.dtype)
     if _linear_pointwise is None or not _onednn_here():
         return _epilogue(F.linear(x, weight, bias), act, residual)
@@ -201,6 +227,22 @@ def _product(
     if fusable and residual is None:
         return _onednn(x, weight, bias, spec.onednn, None)
     return _epilogue(_onednn(x, weight, bias, None, None), act, residual)
+
+
+def _few_rows(layers: tuple[nn.Linear, ...], x: torch.Tensor) -> torch.Tensor:
+    """x W^T + b in float32 by MKL's packed product, told the actual row count."""
+    weight, bias = packed(layers, torch.float32, kernel="mkl")
+    if not weight.is_mkldnn:  # an inference tensor's weight, not packed (see packed())
+        return F.linear(x, weight, bias)
+    rows, inputs = x.numel() // x.shape[-1], x.shape[-1]
+    # the operator takes the unpacked weight too, for row counts other than the one it is told;
+    # it is told the actual count, so a view of one zero of the weight's shape stands in for it
+    # and no unpacked copy of stacked weights is held
+    stand_in = _ZERO.expand(sum(layer.out_features for layer in layers), inputs)
+    return _mkl_linear(x, weight, stand_in, bias, rows)
+
+
+_ZERO = torch.zeros(())
 
 
 def _onednn_here() -> bool:
@@ -258,11 +300,12 @@ def _onednn(
 
 # ============================================================================ packed weights
 # first layer of a group -> (the group's layer ids, dtype, stamp, the source tensors, weight,
-# bias). Weakly
+# bias), one dictionary for oneDNN's packed layout and one for MKL's. Weakly
 # keyed: a layer that is dropped takes its packed copy with it, and nothing here is a parameter,
 # a buffer or part of a state dict, a copy or a pickle. An entry holds its source tensors, so
 # their memory cannot be reused by another tensor that would then match the stamp.
 _PACKED: weakref.WeakKeyDictionary[nn.Module, tuple] = weakref.WeakKeyDictionary()
+_MKL_PACKED: weakref.WeakKeyDictionary[nn.Module, tuple] = weakref.WeakKeyDictionary()
 
 
 def _stamp(layers: tuple[nn.Linear, ...]) -> tuple[int, ...]:
@@ -281,28 +324,33 @@ def _stamp(layers: tuple[nn.Linear, ...]) -> tuple[int, ...]:
 
 
 def packed(
-    layers: tuple[nn.Linear, ...], dtype: torch.dtype | None = None
+    layers: tuple[nn.Linear, ...], dtype: torch.dtype | None = None, kernel: str = "onednn"
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(weight, bias) of ``layers`` stacked by rows in ``dtype`` (default: the weights' own),
-    the weight in oneDNN's packed layout where oneDNN computes products here, the biases
-    stacked (None if no layer has one). Made once and cached, made again when any weight or
-    bias changes: a new tensor (a cast, a move), or an in-place write that moves its version
-    counter (load_state_dict, a plain optimizer step); a fused optimizer writes without moving
-    it, and ``route`` drops the packed copy of a layer whose gradient is recorded. Inference
-    tensors keep no version: theirs are made on every call, unpacked (the same kernel's
-    numbers, a little slower)."""
+    the weight in oneDNN's packed layout where oneDNN computes products here (in MKL's, for
+    float32, with ``kernel="mkl"``), the biases stacked (None if no layer has one). Made once
+    and cached, made again when any weight or bias changes: a new tensor (a cast, a move), or
+    an in-place write that moves its version counter (load_state_dict, a plain optimizer step);
+    a fused optimizer writes without moving it, and ``route`` drops the packed copies of a
+    layer whose gradient is recorded. Inference tensors keep no version: theirs are made on
+    every call, unpacked (the same numbers up to rounding, a little slower)."""
     dtype = layers[0].weight.dtype if dtype is None else dtype
     try:
         stamp = _stamp(layers)
     except RuntimeError:  # an inference tensor has no version counter
         return _stack(layers, dtype, pack=False)
     ids = tuple(map(id, layers))  # (not the layers: a value must not hold its weak key)
-    cached = _PACKED.get(layers[0])
+    cache = _MKL_PACKED if kernel == "mkl" else _PACKED
+    cached = cache.get(layers[0])
     if cached is not None and cached[2] == stamp and cached[:2] == (ids, dtype):
         return cached[4], cached[5]
-    weight, bias = _stack(layers, dtype, pack=_onednn_here() and _reorder is not None)
+    if kernel == "mkl":
+        weight, bias = _stack(layers, dtype, pack=False)
+        weight = _mkl_pack(weight.contiguous(), MKL_PACK_ROWS)
+    else:
+        weight, bias = _stack(layers, dtype, pack=_onednn_here() and _reorder is not None)
     sources = [t.detach() for layer in layers for t in (layer.weight, layer.bias) if t is not None]
-    _PACKED[layers[0]] = (ids, dtype, stamp, sources, weight, bias)
+    cache[layers[0]] = (ids, dtype, stamp, sources, weight, bias)
     return weight, bias
 
 
@@ -310,6 +358,7 @@ def forget(module: nn.Module) -> None:
     """Drop the packed weights of every layer in ``module``."""
     for m in module.modules():
         _PACKED.pop(m, None)
+        _MKL_PACKED.pop(m, None)
 
 
 def _stack(

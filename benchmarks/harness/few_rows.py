@@ -1,0 +1,101 @@
+"""bertlab float32 with its products of few rows on MKL's packed product against the same model
+with them on oneDNN's, and ONNX Runtime float32 beside both: the whole model, on the workloads
+and runners of ``bertlab bench runtimes`` (real tokens per second, bundled model, sentence
+embeddings), alternating in one process (``bertlab.bench.speed.alternate``), so the choice
+bertlab's policy makes on this CPU (``cpu.current().few_rows``) is measured against the other
+within one run.
+
+    bertlab-mkl      the float32 model, products of at most FEW_ROWS rows on MKL's packed product
+    bertlab-onednn   the same model, every product on oneDNN's (BERTLAB_FEW_ROWS=onednn)
+    onnxruntime      ONNX Runtime float32 through its BERT optimizer, as in bench runtimes
+
+Prints each system's median tokens/s and its median ratio to ONNX Runtime over the rounds, per
+workload. The record of a run is kept in benchmarks/few-rows-<cpu class>.txt.
+
+    python benchmarks/harness/few_rows.py [--data ../shared/data] [--workloads batch-1,sorted]
+        [--threads 2] [--rounds 9]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import tempfile
+from pathlib import Path
+
+import torch
+
+from bertlab.bench import runtimes
+from bertlab.bench.speed import alternate, machine
+from bertlab.files import resolve_model_dir
+from bertlab.nn import cpu
+from bertlab.tokenizer import BertTokenizer
+
+
+def on_kernel(kernel: str, run):
+    """``run`` with the policy's few-rows kernel set to ``kernel`` while it runs."""
+    chosen = dataclasses.replace(cpu.current(), few_rows=kernel)
+
+    def timed() -> None:
+        policy = cpu.current()
+        cpu._CURRENT[0] = chosen
+        try:
+            run()
+        finally:
+            cpu._CURRENT[0] = policy
+
+    return timed
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", default=None, help="folder with conll2003/ (as bench runtimes)")
+    p.add_argument("--workloads", default="batch-1,sorted")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=9)
+    args = p.parse_args(argv)
+    workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    if not workloads or set(workloads) - set(runtimes.WORKLOADS):
+        p.error(f"--workloads must name some of {', '.join(runtimes.WORKLOADS)}, got {workloads}")
+    if args.rounds < 1 or args.threads < 1:
+        p.error(f"--rounds and --threads must be at least 1, got {args.rounds}, {args.threads}")
+    if cpu.current().few_rows is None:
+        p.error(f"float32 products do not take oneDNN's route here ({cpu.current().few_rows_why})")
+    if not cpu.features().mkl:
+        p.error("this PyTorch has no MKL packed product (torch.ops.mkl._mkl_linear)")
+    torch.set_num_threads(args.threads)
+    model = resolve_model_dir("default")
+    tokenizer = BertTokenizer.from_pretrained(model)
+    texts, source = runtimes.runtime_texts(args.data)
+    work = Path(tempfile.mkdtemp())
+    bertlab = runtimes.make_runner("bertlab-fp32", model, work, args.threads)
+    ort = runtimes.make_runner("onnxruntime-fp32", model, work, args.threads)
+    m = machine()
+    print(f"{m['cpu']}, {args.threads} threads, torch {m['torch']}, class "
+          f"{cpu.current().cpu_class} (policy's few-rows kernel: {cpu.current().few_rows}); "
+          f"{source}; {args.rounds} alternating rounds")  # fmt: skip
+    for workload in workloads:
+        batches = runtimes.batches(tokenizer, texts, workload)
+        tokens = sum(int(b["attention_mask"].sum()) for b in batches)
+
+        def each(runner, batches=batches):
+            return lambda: [runner(b) for b in batches]
+
+        runs = {
+            "bertlab-mkl": on_kernel("mkl", each(bertlab)),
+            "bertlab-onednn": on_kernel("onednn", each(bertlab)),
+            "onnxruntime": each(ort),
+        }
+        with torch.inference_mode():
+            seconds = alternate(runs, args.rounds)
+        base = seconds["onnxruntime"]
+        print(f"{workload}: {len(batches)} batches, {tokens} real tokens")
+        for name, t in seconds.items():
+            ratio = statistics.median(b / a for a, b in zip(t, base, strict=True))
+            print(f"  {name:15} {tokens / statistics.median(t):8.0f} tokens/s"
+                  f"   {ratio:.2f}x onnxruntime")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
