@@ -9,8 +9,10 @@ within one run.
     bertlab-onednn   the same model, every product on oneDNN's (BERTLAB_FEW_ROWS=onednn)
     onnxruntime      ONNX Runtime float32 through its BERT optimizer, as in bench runtimes
 
-Prints each system's median tokens/s and its median ratio to ONNX Runtime over the rounds, per
-workload. The record of a run is kept in benchmarks/few-rows-<cpu class>.txt.
+Prints the process's resident memory with oneDNN's packed copy of the weights and with MKL's
+beside it, then each system's median tokens/s and its median ratio to ONNX Runtime over the
+rounds, per workload, and the median ratio of the two bertlab rows' times, round by round. The
+record of a run is kept in benchmarks/few-rows-<cpu class>.txt.
 
     python benchmarks/harness/few_rows.py [--data ../shared/data] [--workloads batch-1,sorted]
         [--threads 2] [--rounds 9]
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import statistics
 import tempfile
 from pathlib import Path
@@ -48,6 +51,12 @@ def on_kernel(kernel: str, run):
     return timed
 
 
+def resident_mib() -> float:
+    """This process's resident memory (Linux), in MiB."""
+    pages = int(Path("/proc/self/statm").read_text().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", default=None, help="folder with conll2003/ (as bench runtimes)")
@@ -71,10 +80,18 @@ def main(argv: list[str] | None = None) -> None:
     work = Path(tempfile.mkdtemp())
     bertlab = runtimes.make_runner("bertlab-fp32", model, work, args.threads)
     ort = runtimes.make_runner("onnxruntime-fp32", model, work, args.threads)
+    first = runtimes.batches(tokenizer, texts[:1], "batch-1")[0]
+    with torch.inference_mode():
+        on_kernel("onednn", lambda: bertlab(first))()
+        onednn_only = resident_mib()
+        on_kernel("mkl", lambda: bertlab(first))()
+        both = resident_mib()
     m = machine()
     print(f"{m['cpu']}, {args.threads} threads, torch {m['torch']}, class "
           f"{cpu.current().cpu_class} (policy's few-rows kernel: {cpu.current().few_rows}); "
           f"{source}; {args.rounds} alternating rounds")  # fmt: skip
+    print(f"resident memory: {onednn_only:.0f} MiB with oneDNN's packed weights, {both:.0f} MiB "
+          f"with MKL's beside them (+{both - onednn_only:.0f} MiB)")  # fmt: skip
     for workload in workloads:
         batches = runtimes.batches(tokenizer, texts, workload)
         tokens = sum(int(b["attention_mask"].sum()) for b in batches)
@@ -95,6 +112,10 @@ def main(argv: list[str] | None = None) -> None:
             ratio = statistics.median(b / a for a, b in zip(t, base, strict=True))
             print(f"  {name:15} {tokens / statistics.median(t):8.0f} tokens/s"
                   f"   {ratio:.2f}x onnxruntime")  # fmt: skip
+        pairs = [a / b for a, b in zip(seconds["bertlab-mkl"], seconds["bertlab-onednn"],
+                                        strict=True)]  # fmt: skip
+        print(f"  bertlab-mkl's time over bertlab-onednn's: median {statistics.median(pairs):.3f}"
+              f" over the rounds (lowest {min(pairs):.2f}, highest {max(pairs):.2f})")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -23,7 +23,8 @@ stop spinning), so the machine's drift falls on every way alike:
 Prints each way's median milliseconds a chain and its median ratio to ``onednn`` over the rounds.
 The record of a run is kept in benchmarks/products-batch1-<cpu class>.txt.
 
-    python benchmarks/harness/products_small.py [--rows 21] [--pad 32] [--threads 2] [--rounds 15]
+    python benchmarks/harness/products_small.py [--rows 21] [--pad 32] [--mkl-pack-rows 128]
+        [--threads 2] [--rounds 15]
 """
 
 from __future__ import annotations
@@ -43,7 +44,9 @@ from bertlab.nn.products import MKL_PACK_ROWS, PACK_ROWS
 SHAPES = [(384, 1152), (384, 384), (384, 1536), (1536, 384)] * 6  # (in, out), layer by layer
 
 
-def chains(rows: int, pad: int, threads: int) -> dict[str, Callable[[], object]]:
+def chains(
+    rows: int, pad: int, threads: int, mkl_pack_rows: int = MKL_PACK_ROWS
+) -> dict[str, Callable[[], object]]:
     """name -> one chain of the 24 products at ``rows`` rows."""
     g = torch.Generator().manual_seed(0)
     weights = [
@@ -77,7 +80,7 @@ def chains(rows: int, pad: int, threads: int) -> dict[str, Callable[[], object]]
         "onednn": bertlab,
         "onednn-exact": onednn(rows),
         "onednn-1-thread": one_thread,
-        "mkl-few-rows": mkl_packed(MKL_PACK_ROWS, x, rows),
+        "mkl-few-rows": mkl_packed(mkl_pack_rows, x, rows),
         "mkl-packed": mkl_packed(rows, x, rows),
         "mkl-packed-pad": mkl_packed(pad, xp, pad),
         "pytorch": lambda: [
@@ -123,16 +126,20 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", type=int, default=21, help="rows of each product's input (21)")
     p.add_argument("--pad", type=int, default=32, help="rows mkl-packed-pad pads to (32)")
+    p.add_argument("--mkl-pack-rows", type=int, default=MKL_PACK_ROWS,
+                   help=f"rows mkl-few-rows packs for ({MKL_PACK_ROWS}, bertlab's)")  # fmt: skip
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--calls", type=int, default=10, help="chains a round (10)")
     args = p.parse_args(argv)
     if args.rows < 1 or args.pad < args.rows:
         p.error(f"--rows must be at least 1 and --pad at least --rows, got {args.rows}, {args.pad}")
+    if args.mkl_pack_rows < 1:
+        p.error(f"--mkl-pack-rows must be at least 1, got {args.mkl_pack_rows}")
     if args.rounds < 1 or args.calls < 1:
         p.error(f"--rounds and --calls must be at least 1, got {args.rounds}, {args.calls}")
     torch.set_num_threads(args.threads)
-    ways = chains(args.rows, args.pad, args.threads)
+    ways = chains(args.rows, args.pad, args.threads, args.mkl_pack_rows)
     runs = {name: (lambda f=f: [f() for _ in range(args.calls)]) for name, f in ways.items()}
     with torch.inference_mode():  # (alternate: warm once, then the rounds, each run after a pause)
         seconds = alternate(runs, args.rounds)
