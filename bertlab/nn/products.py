@@ -234,15 +234,19 @@ def _few_rows(layers: tuple[nn.Linear, ...], x: torch.Tensor) -> torch.Tensor:
     weight, bias = packed(layers, torch.float32, kernel="mkl")
     if not weight.is_mkldnn:  # an inference tensor's weight, not packed (see packed())
         return F.linear(x, weight, bias)
-    rows, inputs = x.numel() // x.shape[-1], x.shape[-1]
+    inputs = x.shape[-1]
+    shape = (sum(layer.out_features for layer in layers), inputs)
     # the operator takes the unpacked weight too, for row counts other than the one it is told;
     # it is told the actual count, so a view of one zero of the weight's shape stands in for it
     # and no unpacked copy of stacked weights is held
-    stand_in = _ZERO.expand(sum(layer.out_features for layer in layers), inputs)
-    return _mkl_linear(x, weight, stand_in, bias, rows)
+    stand_in = _STAND_INS.get(shape)
+    if stand_in is None:
+        stand_in = _STAND_INS.setdefault(shape, _ZERO.expand(shape))
+    return _mkl_linear(x, weight, stand_in, bias, x.numel() // inputs)
 
 
 _ZERO = torch.zeros(())
+_STAND_INS: dict[tuple[int, int], torch.Tensor] = {}  # (out, in) -> a view of _ZERO
 
 
 def _onednn_here() -> bool:
