@@ -38,10 +38,9 @@ traced, and the CPU's class (cpu.py: ``cpu.current().products`` maps a dtype to 
 The routes give the same results up to rounding: in float32 the oneDNN and MKL products order
 their sums differently from PyTorch's BLAS and from each other (about 1e-6 relative; so on Intel
 CPUs a text's float32 numbers can differ at that level between a batch of at most FEW_ROWS
-tokens and a larger one); in bfloat16 the fused and the
-float32 forms round once, after the activation or the sum, where the module route rounds
-before it too. On Arm and other CPUs without oneDNN's x86 kernels, float32 takes the module
-route: PyTorch's own kernels.
+tokens and a larger one); in bfloat16 the fused and the float32 forms round once, after the
+activation or the sum, where the module route rounds before it too. On Arm and other CPUs
+without oneDNN's x86 kernels, float32 takes the module route: PyTorch's own kernels.
 ``set_fast_inference(False)`` on a model (``plain``) sends all its layers by the module route,
 to reproduce another library's float32 numbers bit for bit.
 
@@ -78,12 +77,13 @@ except (AttributeError, RuntimeError):  # pragma: no cover - a PyTorch built wit
 
 PACK_ROWS = 512  # the row count oneDNN is told to expect when it reorders a weight: of 1, 32,
 # 128, 256, 512 and 2048, 512 was fastest both at batch 1 and on sorted batches of 32 sentences
-FEW_ROWS = 128  # float32 products of at most this many rows may take MKL's packed product: it
-# was faster than oneDNN's from 1 to 128 rows and level with it from 160 on (docs/performance.md)
+FEW_ROWS = 128  # float32 products of at most this many rows may take MKL's packed product: the
+# model's products took 0.67-0.88x oneDNN's time with it from 8 to 128 rows, 0.99x at 192
+# (docs/performance.md)
 MKL_PACK_ROWS = 128  # the row count MKL is told to expect when it packs a weight. Its packed
 # layout serves any row count (the product is told the actual one: tests/test_products.py checks
-# 1 to 200 rows against F.linear), but the kernel it is packed for depends on the count: packed
-# for 512 rows it was slower than oneDNN at 8 to 128 rows, packed for 64 to 256 faster
+# 1 to 200 rows against F.linear), but how fast depends on the count it was packed for: packed
+# for 512 rows the products took 1.09x oneDNN's time at 21 rows, packed for 128 0.82x
 
 PLAIN = "plain_product"  # a layer attribute: True sends it by the module route (plain())
 
