@@ -407,9 +407,11 @@ def cpu_line(described: dict[str, Any]) -> str:
     bf16 = "bfloat16 native" if described["bf16_native"] else "bfloat16 products in float32"
     compiled = ", ".join(described["compiled"]) or "none"
     wait = described.get("openmp_wait")  # (records from before it was kept have none)
+    few = described.get("few_rows")  # (nor the few-rows kernel)
     return (
         f"CPU class {described['class']} ({described['model']}, oneDNN "
         f"{described['onednn_isa'] or 'n/a'}{limits}): {int8}; {bf16}; compiled: {compiled}"
+        + (f"; float32 products of few rows on {few}" if few else "")
         + (f"; OpenMP wait: {wait}" if wait else "")
     )
 
