@@ -349,6 +349,27 @@ def test_sharded_checkpoint_reads_back_exactly(tmp_path, optimizer):
     assert torch.equal(loaded["rng_ranks"][0]["torch"], state["rng_ranks"][0]["torch"])
 
 
+def test_a_deletion_cut_short_leaves_nothing_the_next_start_keeps(tmp_path):
+    """Old checkpoints are renamed out of the checkpoints' names before they are deleted; one
+    that a kill left half deleted (its state file gone, its parts still there, as earlier
+    versions could leave it) is removed when the next run opens the folder."""
+    model, opt = _trained()
+    folder = tmp_path / "checkpoints"
+    store = ShardedCheckpoints(folder)
+    base = {"rng": None, "rng_ranks": [rng_state()], "plan": None}
+    for step in (2, 4, 6):
+        store.save(model, opt, {**base, "step": step}, wait=True)
+    store.close()
+    assert sorted(p.name for p in folder.iterdir()) == ["step-00000004", "step-00000006"]
+    half = folder / "step-00000004"
+    (half / "state.json").unlink()  # the deletion killed after its first file
+    assert any(half.iterdir())
+    ShardedCheckpoints(folder)
+    assert sorted(p.name for p in folder.iterdir()) == ["step-00000006"]
+    path, loaded = ShardedCheckpoints(folder).load(model, opt)
+    assert path.name == "step-00000006" and loaded["step"] == 6
+
+
 class _Boom:
     def __reduce__(self):
         return (os.system, ("touch pwned",))

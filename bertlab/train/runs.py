@@ -287,6 +287,11 @@ class ShardedCheckpoints:
         if self.rank == 0 and folder.is_dir():  # what a killed write left (no write is running)
             for stale in folder.glob("*.partial"):
                 shutil.rmtree(stale, ignore_errors=True)
+            # a checkpoint whose deletion a kill cut short (versions before _delete renamed
+            # first): its state file, which makes it count, may be gone while its parts remain
+            for stale in folder.glob("step-*"):
+                if stale.is_dir() and not (stale / STATE_FILE).is_file():
+                    shutil.rmtree(stale, ignore_errors=True)
 
     @staticmethod
     def complete(folder: Path) -> list[Path]:
@@ -425,7 +430,16 @@ def _finish(partial: Path, final: Path, state: dict) -> None:
         shutil.rmtree(final)
     os.replace(partial, final)
     for old in ShardedCheckpoints.complete(final.parent)[KEPT:]:
-        shutil.rmtree(old, ignore_errors=True)
+        _delete(old)
+
+
+def _delete(checkpoint: Path) -> None:
+    """Delete a checkpoint folder: renamed to ``*.partial`` first, so that a process killed
+    while it deletes leaves a folder the next start removes, never a ``step-N`` half gone."""
+    doomed = checkpoint.with_name(checkpoint.name + ".partial")
+    shutil.rmtree(doomed, ignore_errors=True)
+    os.replace(checkpoint, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
 
 
 def _parameter_names(model: nn.Module) -> dict[int, str]:
