@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,28 @@ def sst2(tmp_path_factory):
     (root / "train.tsv").write_text("".join(lines[:161]), "utf-8")
     (root / "dev.tsv").write_text(lines[0] + "".join(lines[161:]), "utf-8")
     return root
+
+
+class ModuleTemp:
+    """``tmp_path_factory.mktemp`` for a test module's fixtures: the folders it makes are removed
+    when the module's last test ends. The models and checkpoints a module writes are then not
+    held to the end of the run (held, they came to several GB, and CI's disk ran out once)."""
+
+    def __init__(self, factory: pytest.TempPathFactory):
+        self.factory = factory
+        self.made: list[Path] = []
+
+    def mktemp(self, name: str) -> Path:
+        self.made.append(self.factory.mktemp(name))
+        return self.made[-1]
+
+
+@pytest.fixture(scope="module")
+def module_tmp(tmp_path_factory):
+    folders = ModuleTemp(tmp_path_factory)
+    yield folders
+    for folder in folders.made:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def pytest_configure(config):

@@ -17,9 +17,9 @@ from bertlab.train.finetune import FinetuneConfig, finetune
 
 
 @pytest.fixture(scope="module")
-def tuned(sst2, tmp_path_factory):
+def tuned(sst2, module_tmp):
     """The bundled model fine-tuned for 4 steps on the SST-2 sample: (config, its results)."""
-    out = tmp_path_factory.mktemp("tuned")
+    out = module_tmp.mktemp("tuned")
     config = FinetuneConfig(
         task="classify",
         train=str(sst2 / "train.tsv"),

@@ -88,8 +88,8 @@ def stub_spec(tmp_path, name, port, delay=0.0, limit=None):
 
 
 @pytest.fixture(scope="module")
-def stub(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("stub")
+def stub(module_tmp):
+    tmp = module_tmp.mktemp("stub")
     port = free_port()
     with running(stub_spec(tmp, "stub", port), port, tmp, threads=1, timeout=30) as server:
         yield server

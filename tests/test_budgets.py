@@ -368,12 +368,12 @@ def test_a_pretrain_process_sent_sigint_says_so_at_once_and_prints_the_command_t
 
 
 @pytest.fixture(scope="module")
-def corpora(tmp_path_factory):
+def corpora(module_tmp):
     from bertlab import bundled_model_dir
     from bertlab.data.corpus import prepare
     from bertlab.nn.config import BertConfig
 
-    root = tmp_path_factory.mktemp("corpora")
+    root = module_tmp.mktemp("corpora")
     wikitext = Path(__file__).parent / "fixtures" / "wikitext2_sample.tokens"
     short = prepare(
         wikitext, bundled_model_dir(), root / "short", max_seq_length=64, progress=False
@@ -392,11 +392,11 @@ def corpora(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
+def tiny(module_tmp) -> Path:
     """A 2-layer, 32-wide BERT on the bundled vocabulary: fine-tuning runs in seconds."""
     import bertlab
 
-    folder = tmp_path_factory.mktemp("tiny")
+    folder = module_tmp.mktemp("tiny")
     torch.manual_seed(0)
     config = bertlab.BertConfig(
         hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64

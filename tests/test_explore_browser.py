@@ -77,9 +77,9 @@ def tiny():
 
 
 @pytest.fixture(scope="module")
-def pages(tmp_path_factory, tiny):
+def pages(module_tmp, tiny):
     """The explorations the tests open, each saved as a file: name -> (Exploration, path)."""
-    root = tmp_path_factory.mktemp("explore")
+    root = module_tmp.mktemp("explore")
     model, tok = tiny
     long_text = " ".join(f"word{k % 50} is here." for k in range(400))
     made = {

@@ -173,9 +173,9 @@ def test_refusals_before_any_training(sst2, tmp_path):
 
 # ============================================================================ task objects
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
+def tiny(module_tmp) -> Path:
     """A 2-layer, 32-wide BERT on the bundled vocabulary: fine-tuning runs in seconds."""
-    folder = tmp_path_factory.mktemp("tiny")
+    folder = module_tmp.mktemp("tiny")
     torch.manual_seed(0)
     config = bertlab.BertConfig(
         hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64

@@ -103,9 +103,9 @@ def fake_cache(root: Path, repo: str, source: Path, revision: str = "main") -> P
 
 
 @pytest.fixture(scope="module")
-def small_folder(tmp_path_factory) -> Path:
+def small_folder(module_tmp) -> Path:
     torch.manual_seed(0)
-    d = tmp_path_factory.mktemp("small")
+    d = module_tmp.mktemp("small")
     BertForMaskedLM(BertConfig(**TINY)).save_pretrained(d)
     return d
 

@@ -232,7 +232,7 @@ class Reference:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> Callable[[Case], Reference]:
+def reference(module_tmp) -> Callable[[Case], Reference]:
     """A transformers checkpoint per case (random weights, fixed seed), saved once, plus the
     transformers models loaded back from that folder."""
     cache: dict[str, Reference] = {}
@@ -243,7 +243,7 @@ def reference(tmp_path_factory) -> Callable[[Case], Reference]:
             hf_config = transformers.BertConfig(**SIZES, **case.config)
             model = getattr(transformers, case.cls_name)(hf_config)
             scramble(model, seed=zlib.crc32(case.id.encode()))
-            directory = tmp_path_factory.mktemp(case.id)
+            directory = module_tmp.mktemp(case.id)
             model.save_pretrained(directory)
             hf = {
                 attn: getattr(transformers, case.cls_name)

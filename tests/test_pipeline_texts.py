@@ -22,8 +22,8 @@ TAGS = {0: "O", 1: "B-PER", 2: "I-PER", 3: "B-LOC", 4: "I-LOC"}
 
 
 @pytest.fixture(scope="module")
-def pipes(tmp_path_factory):
-    root = tmp_path_factory.mktemp("pipeline-texts")
+def pipes(module_tmp):
+    root = module_tmp.mktemp("pipeline-texts")
     base = tiny(bertlab.BertModel, root / "base", 1)
     mlm = tiny(bertlab.BertForMaskedLM, root / "mlm", 2)
     clf = tiny(bertlab.BertForSequenceClassification, root / "clf", 3, id2label=NLI)

@@ -65,8 +65,8 @@ def _head(cls, seed, **config):
 
 
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory):
-    root = tmp_path_factory.mktemp("heads")
+def folders(module_tmp):
+    root = module_tmp.mktemp("heads")
     torch.manual_seed(0)
     return {
         "mlm": _save(bertlab.BertForMaskedLM.from_pretrained(BUNDLED), root, "mlm"),

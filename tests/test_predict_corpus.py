@@ -75,10 +75,10 @@ def corpus(tmp_path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def heads(tmp_path_factory) -> dict[str, Path]:
+def heads(module_tmp) -> dict[str, Path]:
     """A classifier and a tagger from the bundled checkpoint, every weight scrambled (as the
     bundled model has no heads): answers that differ from text to text."""
-    root = tmp_path_factory.mktemp("heads")
+    root = module_tmp.mktemp("heads")
     tags = {0: "O", 1: "B-PER", 2: "I-PER", 3: "B-LOC", 4: "I-LOC"}
     models = {
         "classify": bertlab.BertForSequenceClassification.from_pretrained(

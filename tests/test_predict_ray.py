@@ -36,8 +36,8 @@ BAD = {5: None, 11: "", 23: "   "}  # rows whose text is refused, by id
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("models")
+def models(module_tmp) -> dict[str, Path]:
+    root = module_tmp.mktemp("models")
     tags = {0: "O", 1: "B-PER", 2: "I-PER", 3: "B-LOC", 4: "I-LOC"}
     return {
         "embed": tiny(bertlab.BertModel, root / "embed", 1),

@@ -39,8 +39,8 @@ TINY = dict(
 
 
 @pytest.fixture(scope="module")
-def corpora(tmp_path_factory):
-    root = tmp_path_factory.mktemp("corpora")
+def corpora(module_tmp):
+    root = module_tmp.mktemp("corpora")
     short = prepare(
         WIKITEXT, VOCAB, root / "short", max_seq_length=64, shard_size=20, progress=False
     )

@@ -84,9 +84,9 @@ sys.exit(main(sys.argv[1:]))
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
+def corpus(module_tmp):
     """12 shards: 1, 2, 3, 4 and 6 processes can share them."""
-    root = tmp_path_factory.mktemp("elastic")
+    root = module_tmp.mktemp("elastic")
     data = prepare(
         WIKITEXT, bertlab.bundled_model_dir(), root / "c12", max_seq_length=64, shard_size=19,
         progress=False,

@@ -429,7 +429,7 @@ def test_one_mkl_packed_copy_serves_every_row_count(n_in, n_out):
             x = torch.randn(rows, n_in, generator=g)
             got = products._few_rows((layer,), x)
             torch.testing.assert_close(got, layer(x), rtol=1e-5, atol=1e-5, msg=f"{rows} rows")
-    assert len(products._MKL_PACKED) >= 1 and layer in products._MKL_PACKED
+    assert len(products._PACKED["mkl"]) >= 1 and layer in products._PACKED["mkl"]
 
 
 @needs_mkl
@@ -453,7 +453,7 @@ def test_few_rows_take_mkls_product_and_more_rows_take_onednns(monkeypatch):
     few_rows_on(monkeypatch, "onednn")
     with torch.inference_mode():
         products.linear(fresh, torch.randn(3, 64))
-    assert fresh not in products._MKL_PACKED and len(mkl) == 1
+    assert fresh not in products._PACKED["mkl"] and len(mkl) == 1
 
 
 @needs_mkl
@@ -466,7 +466,7 @@ def test_inference_tensor_weights_take_pytorchs_product_on_few_rows(monkeypatch)
         layer, x = layer_and_input(n_in=64, n_out=96, dtype=torch.float32)
         got = products.linear(layer, x)
     torch.testing.assert_close(got, F.linear(x, layer.weight, layer.bias))
-    assert not mkl and layer not in products._MKL_PACKED
+    assert not mkl and layer not in products._PACKED["mkl"]
 
 
 def test_set_fast_inference_refuses_anything_but_a_bool():

@@ -40,8 +40,8 @@ TEXTS = ["Ann lives in Paris.", "A warm, funny film.", "Stocks fell sharply on M
 
 
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory):
-    root = tmp_path_factory.mktemp("serve")
+def folders(module_tmp):
+    root = module_tmp.mktemp("serve")
     return {
         "clf": _tiny(
             bertlab.BertForSequenceClassification,

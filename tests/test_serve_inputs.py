@@ -33,8 +33,8 @@ MOST = 4  # --max-client-batch-size of the server here
 
 
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory):
-    root = tmp_path_factory.mktemp("serve-inputs")
+def folders(module_tmp):
+    root = module_tmp.mktemp("serve-inputs")
     tags = dict(enumerate(["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]))
     return {
         "mlm": tiny(bertlab.BertForMaskedLM, root / "mlm", 1),

@@ -44,8 +44,8 @@ def compiled_on_any_cpu(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def calibration_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("calibration") / "texts.txt"
+def calibration_file(module_tmp):
+    path = module_tmp.mktemp("calibration") / "texts.txt"
     texts = sample_sentences(40, "sst2_train.tsv")
     path.write_text("\n\n".join(texts) + "\n", encoding="utf-8")  # blank lines are skipped
     return path, texts

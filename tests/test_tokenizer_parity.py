@@ -219,12 +219,12 @@ def fixture_training_files(root: Path) -> list[Path]:
 
 
 @pytest.fixture(scope="module")
-def cased(tmp_path_factory) -> Trio:
+def cased(module_tmp) -> Trio:
     """A cased WordPiece vocabulary trained once on the fixture texts (the same vocabulary with
     or without the shared data), loaded by bertlab from its folder, by the legacy reference from
     vocab.txt, and by the fast reference from vocab.txt + tokenizer_config.json (transformers 5
     builds the tokenizers-backed BertTokenizer from them, do_lower_case false included)."""
-    root = tmp_path_factory.mktemp("cased")
+    root = module_tmp.mktemp("cased")
     out = root / "vocab"
     vocab_file = train_vocab(
         fixture_training_files(root), vocab_size=CASED_VOCAB_SIZE, output_dir=out, lowercase=False

@@ -65,8 +65,8 @@ def folder_with(model: bertlab.BertPreTrainedModel, path) -> str:
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    path = tmp_path_factory.mktemp("vocab")
+def tokenizer(module_tmp):
+    path = module_tmp.mktemp("vocab")
     (path / "vocab.txt").write_text("\n".join(VOCAB) + "\n", "utf-8")
     return bertlab.BertTokenizer.from_pretrained(path)
 

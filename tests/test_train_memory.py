@@ -214,8 +214,8 @@ def test_check_fits_names_the_setting_the_estimate_and_the_limit(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    root = tmp_path_factory.mktemp("corpus")
+def corpus(module_tmp):
+    root = module_tmp.mktemp("corpus")
     vocab = bertlab.bundled_model_dir()
     wikitext = FIXTURES / "wikitext2_sample.tokens"
     short = prepare(wikitext, vocab, root / "64", max_seq_length=64, progress=False)
@@ -257,9 +257,9 @@ def test_an_impossible_pretraining_batch_is_refused_before_any_step(corpus, tmp_
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
+def tiny(module_tmp) -> Path:
     """A 2-layer, 32-wide BERT on the bundled vocabulary."""
-    folder = tmp_path_factory.mktemp("tiny")
+    folder = module_tmp.mktemp("tiny")
     torch.manual_seed(0)
     BertModel(config(hidden=32, inner=64, vocab=30522)).save_pretrained(folder)
     bertlab.BertTokenizer.from_pretrained("default").save_pretrained(folder)

@@ -1165,7 +1165,7 @@ def seed_all(seed: int = 0) -> None:
 
 
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory):
+def folders(module_tmp):
     """Model folders on the bundled backbone, heads drawn under a fixed seed and saved, so
     both libraries load identical weights."""
     from bertlab import (
@@ -1178,7 +1178,7 @@ def folders(tmp_path_factory):
     )
 
     backbone = bertlab.bundled_model_dir()
-    root = tmp_path_factory.mktemp("compat-models")
+    root = module_tmp.mktemp("compat-models")
     base = BertModel.from_pretrained(backbone)  # read once, copied into every head below
     heads = {
         "CLS_MODEL": (BertForSequenceClassification, ["NEGATIVE", "POSITIVE"]),
@@ -1227,9 +1227,9 @@ def folders(tmp_path_factory):
 class Runner:
     """Runs snippets for one library; each setup runs once and is shared."""
 
-    def __init__(self, folders: dict[str, str], tmp_path_factory):
+    def __init__(self, folders: dict[str, str], module_tmp):
         self.folders = folders
-        self.tmp = tmp_path_factory
+        self.tmp = module_tmp
         self.setups: dict[tuple[str, str], dict] = {}
 
     def namespace(self, lib: str) -> dict:
@@ -1268,8 +1268,8 @@ def check_origin(snippet: Snippet, ns: dict, lib: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def runner(folders, tmp_path_factory):
-    return Runner(folders, tmp_path_factory)
+def runner(folders, module_tmp):
+    return Runner(folders, module_tmp)
 
 
 # --------------------------------------------------------------- the comparison

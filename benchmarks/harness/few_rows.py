@@ -77,7 +77,8 @@ def main(argv: list[str] | None = None) -> None:
     model = resolve_model_dir("default")
     tokenizer = BertTokenizer.from_pretrained(model)
     texts, source = runtimes.runtime_texts(args.data)
-    work = Path(tempfile.mkdtemp())
+    folder = tempfile.TemporaryDirectory(prefix="few-rows-")  # removed when main returns
+    work = Path(folder.name)
     bertlab = runtimes.make_runner("bertlab-fp32", model, work, args.threads)
     ort = runtimes.make_runner("onnxruntime-fp32", model, work, args.threads)
     first = runtimes.batches(tokenizer, texts[:1], "batch-1")[0]

@@ -100,7 +100,8 @@ def main() -> None:
     parser.add_argument("--dir", help="where the corpora and shards go (default: a temporary one)")
     parser.add_argument("--out", help="the JSON report (default: standard output)")
     args = parser.parse_args()
-    root = Path(args.dir or tempfile.mkdtemp(prefix="prepare-memory-"))
+    folder = None if args.dir else tempfile.TemporaryDirectory(prefix="prepare-memory-")
+    root = Path(args.dir or folder.name)  # a temporary one is removed when main returns
     root.mkdir(parents=True, exist_ok=True)
     runs = []
     for mb in args.sizes:

@@ -282,10 +282,10 @@ def _load_pair(model: str, kind: str, attn: str):
         logging.getLogger("bertlab").setLevel(logging.ERROR)
         first = ours_cls.from_pretrained(resolve_model_dir(model))
         logging.getLogger("bertlab").setLevel(logging.NOTSET)
-    directory = Path(tempfile.mkdtemp(prefix="bertlab-bench-"))
-    first.save_pretrained(directory)
-    ours = ours_cls.from_pretrained(directory, attn_implementation=attn)
-    ref = ref_cls.from_pretrained(str(directory), attn_implementation="sdpa")
+    with tempfile.TemporaryDirectory(prefix="bertlab-bench-") as folder:
+        first.save_pretrained(folder)
+        ours = ours_cls.from_pretrained(folder, attn_implementation=attn)
+        ref = ref_cls.from_pretrained(folder, attn_implementation="sdpa")
     return ours, ref
 
 

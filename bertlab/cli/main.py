@@ -142,7 +142,8 @@ def _demo_finetune(args: argparse.Namespace, directory: Path) -> int:
     dev = samples / "sst2_dev.tsv"
     if plan.dev_examples < n_dev:  # the first sentences: a sample the evaluation has time for
         lines = dev.read_text("utf-8").splitlines(keepends=True)[: plan.dev_examples + 1]
-        dev = Path(tempfile.mkdtemp(prefix="bertlab-demo-dev-")) / "sst2_dev.tsv"
+        sample = tempfile.TemporaryDirectory(prefix="bertlab-demo-dev-")  # gone when done
+        dev = Path(sample.name) / "sst2_dev.tsv"
         dev.write_text("".join(lines), "utf-8")
     config = dataclasses.replace(
         config,

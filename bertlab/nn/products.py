@@ -119,8 +119,8 @@ def route(layer: nn.Module, x: torch.Tensor, dropout: nn.Module | None = None) -
     docstring)."""
     if torch.is_grad_enabled() and _recording(x, layer):
         # an optimizer may write the weight without a version change
-        _PACKED.pop(layer, None)
-        _MKL_PACKED.pop(layer, None)
+        for cache in _PACKED.values():
+            cache.pop(layer, None)
         return "module"
     if (
         not x.is_cpu
@@ -303,13 +303,15 @@ def _onednn(
 
 
 # ============================================================================ packed weights
-# first layer of a group -> (the group's layer ids, dtype, stamp, the source tensors, weight,
-# bias), one dictionary for oneDNN's packed layout and one for MKL's. Weakly
-# keyed: a layer that is dropped takes its packed copy with it, and nothing here is a parameter,
-# a buffer or part of a state dict, a copy or a pickle. An entry holds its source tensors, so
-# their memory cannot be reused by another tensor that would then match the stamp.
-_PACKED: weakref.WeakKeyDictionary[nn.Module, tuple] = weakref.WeakKeyDictionary()
-_MKL_PACKED: weakref.WeakKeyDictionary[nn.Module, tuple] = weakref.WeakKeyDictionary()
+# kernel -> first layer of a group -> (the group's layer ids, dtype, stamp, the source tensors,
+# weight, bias), one dictionary for oneDNN's packed layout and one for MKL's. Weakly keyed: a
+# layer that is dropped takes its packed copy with it, and nothing here is a parameter, a buffer
+# or part of a state dict, a copy or a pickle. An entry holds its source tensors, so their
+# memory cannot be reused by another tensor that would then match the stamp.
+_PACKED: dict[str, weakref.WeakKeyDictionary[nn.Module, tuple]] = {
+    "onednn": weakref.WeakKeyDictionary(),
+    "mkl": weakref.WeakKeyDictionary(),
+}
 
 
 def _stamp(layers: tuple[nn.Linear, ...]) -> tuple[int, ...]:
@@ -342,17 +344,14 @@ def packed(
     try:
         stamp = _stamp(layers)
     except RuntimeError:  # an inference tensor has no version counter
-        return _stack(layers, dtype, pack=False)
+        return _stack(layers, dtype, None)
     ids = tuple(map(id, layers))  # (not the layers: a value must not hold its weak key)
-    cache = _MKL_PACKED if kernel == "mkl" else _PACKED
+    cache = _PACKED[kernel]
     cached = cache.get(layers[0])
     if cached is not None and cached[2] == stamp and cached[:2] == (ids, dtype):
         return cached[4], cached[5]
-    if kernel == "mkl":
-        weight, bias = _stack(layers, dtype, pack=False)
-        weight = _mkl_pack(weight.contiguous(), MKL_PACK_ROWS)
-    else:
-        weight, bias = _stack(layers, dtype, pack=_onednn_here() and _reorder is not None)
+    layout = kernel if kernel == "mkl" or (_onednn_here() and _reorder is not None) else None
+    weight, bias = _stack(layers, dtype, layout)
     sources = [t.detach() for layer in layers for t in (layer.weight, layer.bias) if t is not None]
     cache[layers[0]] = (ids, dtype, stamp, sources, weight, bias)
     return weight, bias
@@ -361,18 +360,24 @@ def packed(
 def forget(module: nn.Module) -> None:
     """Drop the packed weights of every layer in ``module``."""
     for m in module.modules():
-        _PACKED.pop(m, None)
-        _MKL_PACKED.pop(m, None)
+        for cache in _PACKED.values():
+            cache.pop(m, None)
 
 
 def _stack(
-    layers: tuple[nn.Linear, ...], dtype: torch.dtype, pack: bool
+    layers: tuple[nn.Linear, ...], dtype: torch.dtype, layout: str | None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The layers' weights stacked by rows in ``dtype``, in oneDNN's packed layout ("onednn"),
+    MKL's ("mkl") or as they are (None), and their biases stacked."""
     with torch.no_grad():
         weight = layers[0].weight if len(layers) == 1 else torch.cat([lin.weight for lin in layers])
         bias = _biases(layers, dtype)
         weight = weight.detach().to(dtype)
-        return (_reorder(weight, PACK_ROWS) if pack else weight), bias
+        if layout == "onednn":
+            weight = _reorder(weight, PACK_ROWS)
+        elif layout == "mkl":
+            weight = _mkl_pack(weight.contiguous(), MKL_PACK_ROWS)
+        return weight, bias
 
 
 def _biases(layers: tuple[nn.Module, ...], dtype: torch.dtype) -> torch.Tensor | None:

@@ -284,13 +284,13 @@ class ShardedCheckpoints:
             warnings.filterwarnings(
                 "ignore", "torch.distributed is (disabled, )?unavailable or uninitialized"
             )
-        if self.rank == 0 and folder.is_dir():  # what a killed write left (no write is running)
-            for stale in folder.glob("*.partial"):
-                shutil.rmtree(stale, ignore_errors=True)
-            # a checkpoint whose deletion a kill cut short (versions before _delete renamed
-            # first): its state file, which makes it count, may be gone while its parts remain
+        if self.rank == 0 and folder.is_dir():  # what a kill left (no write is running): a
+            # write or a deletion cut short (step-N.partial), or a deletion by a version before
+            # _delete renamed first, which may have removed the state file and left the parts
             for stale in folder.glob("step-*"):
-                if stale.is_dir() and not (stale / STATE_FILE).is_file():
+                if stale.is_dir() and (
+                    stale.name.endswith(".partial") or not (stale / STATE_FILE).is_file()
+                ):
                     shutil.rmtree(stale, ignore_errors=True)
 
     @staticmethod
