@@ -183,3 +183,31 @@ def test_the_busy_run_reports_what_each_system_kept():
         ValueError, match="busy must be between 0 and 64 neighbour processes, got -1"
     ):
         bench_runtimes(systems=("bertlab-fp32",), texts=TEXTS[:2], busy=-1)
+
+
+def test_the_chart_gives_every_system_its_own_colour(tmp_path, monkeypatch):
+    """matplotlib's default cycle has 10 colours: the 11th system's bars took the first one's."""
+    import matplotlib.figure
+
+    saved = []
+    save = matplotlib.figure.Figure.savefig
+
+    def keep(figure, *args, **kwargs):
+        saved.append(figure)
+        return save(figure, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", keep)
+    every = {
+        s: {"relative_to_transformers_fp32": 1.0 + k / 10} for k, s in enumerate(runtimes.SYSTEMS)
+    }
+    report = {
+        "workloads": {"sorted": {"systems": every}, "batch-1": {"systems": every}},
+        "machine": {"cpu": "a CPU"},
+        "threads": 2,
+    }
+    runtimes.plot(report, tmp_path / "chart.png")
+    bars = saved[0].axes[0].containers
+    colours = [tuple(b.patches[0].get_facecolor()) for b in bars]
+    assert len(bars) == len(runtimes.SYSTEMS) == 11
+    assert len(set(colours)) == len(colours), colours
+    assert (tmp_path / "chart.png").stat().st_size > 0

@@ -456,13 +456,23 @@ def plot(report: dict[str, Any], path: str | os.PathLike) -> None:
     systems = [s for s in SYSTEMS if any(s in w["systems"] for w in report["workloads"].values())]
     fig, ax = plt.subplots(figsize=(10, 4))
     width = 0.8 / len(systems)
+    # matplotlib's default cycle has 10 colours and repeats the first for an 11th system: tab20's
+    # ten strong colours, then its ten light ones, give each of up to 20 systems its own
+    tab20 = plt.get_cmap("tab20").colors
+    colours = tab20[::2] + tab20[1::2]
     for k, s in enumerate(systems):
         values = [
             (report["workloads"][w]["systems"].get(s) or {}).get("relative_to_transformers_fp32")
             or 0
             for w in workloads
         ]
-        ax.bar([i + k * width for i in range(len(workloads))], values, width, label=s)
+        ax.bar(
+            [i + k * width for i in range(len(workloads))],
+            values,
+            width,
+            label=s,
+            color=colours[k % len(colours)],
+        )
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(workloads))], workloads)
     ax.set_ylabel("real tokens/s ÷ transformers float32")
     ax.set_title(f"{report['machine']['cpu']}, {report['threads']} threads")
