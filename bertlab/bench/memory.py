@@ -118,53 +118,53 @@ def bench_checkpointing(
             f"seq_len {seq_len} is longer than the model's max_position_embeddings "
             f"({ours.config.max_position_embeddings})"
         )
-    with tempfile.TemporaryDirectory(prefix="bertlab-bench-memory-") as folder:
-        directory = Path(folder)
-        ours.save_pretrained(directory)
-        batch = make_training_batch(ours.config.vocab_size, batch_size, seq_len)
-        on_device = {k: v.to(device) for k, v in batch.items()}
-        rows = []
-        for side, m in (("bertlab", ours), ("transformers", ref)):
-            m.to(device).train()
-            grads = {}
-            for checkpointing in (False, True):
-                if checkpointing:
-                    m.gradient_checkpointing_enable()
-                else:
-                    m.gradient_checkpointing_disable()
+    folder = tempfile.TemporaryDirectory(prefix="bertlab-bench-memory-")  # gone on return
+    directory = Path(folder.name)
+    ours.save_pretrained(directory)
+    batch = make_training_batch(ours.config.vocab_size, batch_size, seq_len)
+    on_device = {k: v.to(device) for k, v in batch.items()}
+    rows = []
+    for side, m in (("bertlab", ours), ("transformers", ref)):
+        m.to(device).train()
+        grads = {}
+        for checkpointing in (False, True):
+            if checkpointing:
+                m.gradient_checkpointing_enable()
+            else:
+                m.gradient_checkpointing_disable()
+            m.zero_grad()
+            torch.manual_seed(0)
+            if device == "cuda":
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+            held, out = step_activations(m, on_device)
+            out.loss.backward()
+            grads[checkpointing] = {n: p.grad.detach().clone() for n, p in m.named_parameters()}
+            if device == "cuda":
+                torch.cuda.synchronize()
+                peak = torch.cuda.max_memory_allocated() / 2**20
+            else:
+                peak = peak_rss_mb(directory, side, checkpointing, batch_size, seq_len)
+            times = []
+            for _ in range(repeats):
                 m.zero_grad()
-                torch.manual_seed(0)
+                start = time.perf_counter()
+                m(**on_device).loss.backward()
                 if device == "cuda":
                     torch.cuda.synchronize()
-                    torch.cuda.reset_peak_memory_stats()
-                held, out = step_activations(m, on_device)
-                out.loss.backward()
-                grads[checkpointing] = {n: p.grad.detach().clone() for n, p in m.named_parameters()}
-                if device == "cuda":
-                    torch.cuda.synchronize()
-                    peak = torch.cuda.max_memory_allocated() / 2**20
-                else:
-                    peak = peak_rss_mb(directory, side, checkpointing, batch_size, seq_len)
-                times = []
-                for _ in range(repeats):
-                    m.zero_grad()
-                    start = time.perf_counter()
-                    m(**on_device).loss.backward()
-                    if device == "cuda":
-                        torch.cuda.synchronize()
-                    times.append(time.perf_counter() - start)
-                rows.append(
-                    {
-                        "side": side,
-                        "checkpointing": checkpointing,
-                        "activation_mb": held / 2**20,
-                        "peak_mb": peak,
-                        "step_s": statistics.median(times),
-                    }
-                )
-            m.gradient_checkpointing_disable()
-            diff = max((grads[True][n] - g).abs().max().item() for n, g in grads[False].items())
-            rows[-1]["max_grad_difference"] = diff
+                times.append(time.perf_counter() - start)
+            rows.append(
+                {
+                    "side": side,
+                    "checkpointing": checkpointing,
+                    "activation_mb": held / 2**20,
+                    "peak_mb": peak,
+                    "step_s": statistics.median(times),
+                }
+            )
+        m.gradient_checkpointing_disable()
+        diff = max((grads[True][n] - g).abs().max().item() for n, g in grads[False].items())
+        rows[-1]["max_grad_difference"] = diff
     return {
         "benchmark": "gradient checkpointing: one training step (MLM + NSP)",
         "model": model,

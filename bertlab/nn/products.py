@@ -51,6 +51,7 @@ run in row chunks when its intermediate would be large.
 
 from __future__ import annotations
 
+import functools
 import warnings
 import weakref
 from collections.abc import Callable
@@ -118,9 +119,7 @@ def route(layer: nn.Module, x: torch.Tensor, dropout: nn.Module | None = None) -
     """How ``layer(x)`` is computed: "onednn", "float32", "int8" or "module" (the module
     docstring)."""
     if torch.is_grad_enabled() and _recording(x, layer):
-        # an optimizer may write the weight without a version change
-        for cache in _PACKED.values():
-            cache.pop(layer, None)
+        _drop(layer)  # an optimizer may write the weight without a version change
         return "module"
     if (
         not x.is_cpu
@@ -235,18 +234,20 @@ def _few_rows(layers: tuple[nn.Linear, ...], x: torch.Tensor) -> torch.Tensor:
     if not weight.is_mkldnn:  # an inference tensor's weight, not packed (see packed())
         return F.linear(x, weight, bias)
     inputs = x.shape[-1]
-    shape = (sum(layer.out_features for layer in layers), inputs)
-    # the operator takes the unpacked weight too, for row counts other than the one it is told;
-    # it is told the actual count, so a view of one zero of the weight's shape stands in for it
-    # and no unpacked copy of stacked weights is held
-    stand_in = _STAND_INS.get(shape)
-    if stand_in is None:
-        stand_in = _STAND_INS.setdefault(shape, _ZERO.expand(shape))
+    stand_in = _stand_in(sum(layer.out_features for layer in layers), inputs)
     return _mkl_linear(x, weight, stand_in, bias, x.numel() // inputs)
 
 
+@functools.cache
+def _stand_in(outputs: int, inputs: int) -> torch.Tensor:
+    """What ``_mkl_linear`` gets for the unpacked weight: a view of one zero in its shape. The
+    operator reads that weight only at row counts other than the one it is told, and it is told
+    the actual count, so no unpacked copy of stacked weights is held. Made once a shape (an
+    expand per product cost 3 us in the batch-1 profile)."""
+    return _ZERO.expand(outputs, inputs)
+
+
 _ZERO = torch.zeros(())
-_STAND_INS: dict[tuple[int, int], torch.Tensor] = {}  # (out, in) -> a view of _ZERO
 
 
 def _onednn_here() -> bool:
@@ -360,8 +361,13 @@ def packed(
 def forget(module: nn.Module) -> None:
     """Drop the packed weights of every layer in ``module``."""
     for m in module.modules():
-        for cache in _PACKED.values():
-            cache.pop(m, None)
+        _drop(m)
+
+
+def _drop(layer: nn.Module) -> None:
+    """Drop the packed copies of ``layer``'s weights, in every layout."""
+    for cache in _PACKED.values():
+        cache.pop(layer, None)
 
 
 def _stack(
