@@ -172,3 +172,24 @@ def test_the_few_rows_harness_refuses_unknown_workloads_and_zero_rounds(capsys):
     with pytest.raises(SystemExit):
         few.main(["--rounds", "0"])
     assert "--rounds and --threads must be at least 1, got 0, 2" in capsys.readouterr().err
+
+
+def test_the_int8_rows_harness_refuses_bad_arguments_and_restores_the_row_limit(capsys):
+    from bertlab.nn import precision
+
+    rows = harness("int8_rows")
+    with pytest.raises(SystemExit) as e:
+        rows.main(["--workloads", "sorted,huge"])
+    assert e.value.code == 2
+    assert "--workloads must name some of file-order, sorted, batch-1, got ['sorted', 'huge']" in (
+        capsys.readouterr().err
+    )
+    with pytest.raises(SystemExit):
+        rows.main(["--threads", "0"])
+    assert "--rounds and --threads must be at least 1, got 9, 0" in capsys.readouterr().err
+    seen = []
+    rows.with_rows(0, lambda: seen.append(precision.S8_FEW_ROWS))()
+    assert seen == [0] and precision.S8_FEW_ROWS == 32  # set while it runs, then restored
+    with pytest.raises(ZeroDivisionError):
+        rows.with_rows(5, lambda: 1 / 0)()
+    assert precision.S8_FEW_ROWS == 32

@@ -75,6 +75,8 @@ def test_each_class_gets_its_kernel_bf16_route_and_compiled_precisions(cls):
     assert described["class"] == cls and described["int8_kernel"] == kernel
     bits = None if kernel is None else {127: 8, 63: 7}[levels]
     assert described["int8_activation_bits"] == bits
+    # onednn-s8's prepacked kernel on batches where oneDNN runs it on AMX, never elsewhere
+    assert p.int8_prepacked == described["int8_prepacked"] == (cls == "amx")
     json.dumps(described)  # a report's JSON can hold it
 
 

@@ -103,6 +103,48 @@ def test_int8_results_never_depend_on_the_rest_of_the_batch(kernel):
             torch.testing.assert_close(alone, together[row, :n], rtol=1e-5, atol=1e-5)
 
 
+PREPACKED = cpu.current().int8_prepacked
+NOT_PREPACKED = (
+    f"onednn-s8's prepacked kernel runs where the CPU has AMX; this one is of class "
+    f"{cpu.current().cpu_class}, int8 kernel {cpu.current().int8_kernel}"
+)
+
+
+@pytest.mark.skipif(not PREPACKED, reason=NOT_PREPACKED)
+def test_onednn_s8_takes_the_prepacked_kernel_above_few_rows_with_the_same_sums(monkeypatch):
+    from bertlab.nn import precision
+
+    g = torch.Generator().manual_seed(0)
+    q = Int8Linear(torch.nn.Linear(48, 40))
+    calls = []
+    qlinear = precision._QLINEAR
+    monkeypatch.setattr(precision, "_QLINEAR", lambda *a: calls.append(len(a[0])) or qlinear(*a))
+    few = precision.S8_FEW_ROWS
+    with torch.no_grad():
+        for rows in (1, few, few + 1, 3 * few + 5):
+            x = torch.randn(rows, 48, generator=g) * torch.linspace(0.1, 30, rows)[:, None]
+            got = q(x)
+            monkeypatch.setattr(precision, "S8_FEW_ROWS", 1 << 62)  # every product on _int_mm
+            want = q(x)
+            monkeypatch.setattr(precision, "S8_FEW_ROWS", few)
+            assert torch.equal(got, want), rows  # int32 sums, then the same float32 roundings
+    assert calls == [few + 1, 3 * few + 5]  # the prepacked kernel ran above few rows only
+
+
+def test_int8_sequences_alone_equal_a_batch_past_few_rows():
+    from bertlab.nn import precision
+
+    torch.manual_seed(0)
+    model = quantize_int8(BertModel(CFG).eval())
+    ids = torch.randint(1, 99, (4, 30), generator=torch.Generator().manual_seed(2))
+    assert ids.numel() > precision.S8_FEW_ROWS >= 30  # together past few rows, alone within
+    with torch.no_grad():
+        together = model(ids).last_hidden_state
+        for row in range(4):
+            alone = model(ids[row : row + 1]).last_hidden_state[0]
+            torch.testing.assert_close(alone, together[row], rtol=1e-5, atol=1e-5)
+
+
 def test_int8_products_of_the_seam_equal_its_modules(monkeypatch):
     from bertlab.nn import products
 

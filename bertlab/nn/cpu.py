@@ -35,11 +35,17 @@ instruction; what was measured where, natively or on a simulation: docs/performa
   it ("mkl"); elsewhere they stay on oneDNN ("onednn"): MKL's kernels were measured on Intel
   CPUs only (natively and under the AVX2 limits), not on AMD ones. ``BERTLAB_FEW_ROWS``
   (``auto``, ``mkl`` or ``onednn``) forces one; one that cannot run here is refused by name.
-* **int8 kernels** (precision.py): ``onednn-s8`` is ``torch._int_mm`` (int8 x int8 summed in
-  int32 by oneDNN's VNNI or AMX kernels; PyTorch sends it to oneDNN only where the CPU has
-  AVX512-VNNI, and to a scalar loop elsewhere). ``fbgemm-u8`` and ``onednn-u8`` take the
-  activations as unsigned 8-bit numbers (a token's values shifted by a zero point) against
-  int8 weights, with fbgemm's or oneDNN's kernels. Without VNNI those kernels multiply with
+* **int8 kernels** (precision.py): ``onednn-s8`` is oneDNN's int8 x int8 product summed in
+  int32 by its VNNI or AMX kernels, ``torch._int_mm`` (PyTorch sends it to oneDNN only where
+  the CPU has AVX512-VNNI, and to a scalar loop elsewhere, so the kernel is chosen there only;
+  a traced graph calls it too, for inductor to fuse). Where the CPU has AMX, products of more
+  than precision.S8_FEW_ROWS rows take oneDNN's linear operator (``qlinear_pointwise``) on the
+  weight prepacked once instead (``Policy.int8_prepacked``): the same sums, faster on batches.
+  With VNNI alone (oneDNN limited to AVX512_CORE_VNNI on the Xeon) that operator ran signed
+  8-bit inputs on oneDNN's reference kernel, so ``torch._int_mm`` takes every product there.
+  ``fbgemm-u8`` and ``onednn-u8`` take the activations as unsigned 8-bit numbers (a token's
+  values shifted by a zero point) against int8 weights, with fbgemm's or oneDNN's kernels,
+  on weights prepacked once. Without VNNI those kernels multiply with
   VPMADDUBSW, which adds two u8 x s8 products in 16 bits and saturates past 32,767: so the
   activations keep 7 bits there (levels -63..63, as fbgemm's ``reduce_range``), 8 with VNNI
   (``int8_levels``). fbgemm has no AVX-VNNI code, oneDNN has: so on avx2-vnni CPUs oneDNN's
@@ -294,6 +300,10 @@ class Policy:
     # (None where float32 takes PyTorch's kernels), and why
     few_rows: str | None = None
     few_rows_why: str = ""
+    # onednn-s8 products of more than precision.S8_FEW_ROWS rows on oneDNN's linear kernel with
+    # the weight prepacked (AMX only: with VNNI alone oneDNN runs signed 8-bit inputs on its
+    # reference kernel), else every product on torch._int_mm
+    int8_prepacked: bool = False
 
     @property
     def onednn_isa(self) -> str | None:
@@ -322,6 +332,7 @@ class Policy:
             "not_compiled": dict(self.not_compiled),
             "few_rows": self.few_rows,
             "few_rows_why": self.few_rows_why,
+            "int8_prepacked": self.int8_prepacked,
             "openmp_wait": openmp.WAIT,
         }  # fmt: skip
 
@@ -353,8 +364,13 @@ def _kernel_why(kernel: str, f: Features, cls: str) -> str | None:
         return f"the {kernel} kernel needs {name}, which this CPU ({cls}) does not have" + (
             f" within {', '.join(f.limits)}" if f.limits else ""
         )
-    if kernel == "onednn-s8" and not (f.int_mm and f.onednn):
-        return f"PyTorch {torch.__version__} has no oneDNN int8 matrix product (torch._int_mm)"
+    if kernel == "onednn-s8" and not (
+        f.int_mm and f.onednn and _has_op("onednn", "qlinear_pointwise")
+    ):
+        return (
+            f"PyTorch {torch.__version__} has no oneDNN int8 matrix product (torch._int_mm and "
+            "qlinear_pointwise)"
+        )
     if kernel == "fbgemm-u8" and not f.fbgemm:
         return f"PyTorch {torch.__version__} has no fbgemm int8 linear kernel"
     if kernel == "onednn-u8" and not (f.onednn and _has_op("onednn", "qlinear_pointwise")):
@@ -463,6 +479,7 @@ def policy(f: Features, environ: dict[str, str] | os._Environ | None = None) -> 
         not_compiled=not_compiled,
         few_rows=few_rows,
         few_rows_why=few_rows_why,
+        int8_prepacked=kernel == "onednn-s8" and "amx_int8" in f.flags,
     )
 
 

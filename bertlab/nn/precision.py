@@ -16,9 +16,10 @@ int8 (``quantize_int8``) replaces the linear layers by ``Int8Linear``:
   rounded to the integers -L..L: L = 127 (8 bits), or 63 (7 bits) on CPUs without VNNI, whose
   u8 kernels would overflow 16-bit sums at 8 (cpu.py). A token's result depends on that token
   alone: never on the padding or on the other sequences in the batch;
-* the product: summed exactly in int32 by the CPU's int8 kernel (cpu.py chooses it:
-  ``torch._int_mm`` on oneDNN's VNNI or AMX kernels, or fbgemm's or oneDNN's u8 x s8 kernels
-  from AVX2 up), then scaled back to float32 with the bias added.
+* the product: summed exactly in int32 by the CPU's int8 kernel (cpu.py chooses it: oneDNN's
+  s8 x s8 kernels on VNNI or AMX, or fbgemm's or oneDNN's u8 x s8 kernels from AVX2 up), on the
+  weight prepacked once into the kernel's layout where cpu.py says so, then scaled back to
+  float32 with the bias added.
 
 Everything else stays in float32: the embeddings, every LayerNorm, the attention scores, softmax
 and the attention-weighted sum of values, the activations and the residual sums.
@@ -93,16 +94,24 @@ def _row_scales(t: torch.Tensor, levels: int) -> torch.Tensor:
 class Int8Weight(NamedTuple):
     """An int8 weight as the product reads it: (in, out) int8, one scale per column, the
     inverse smoothing 1/s (in,) that x is multiplied by before it is rounded (or None), and the
-    weight in the form the kernel reads (None for torch._int_mm, which reads ``int8``). The
-    (in, out) matrix is the transposed view of an (out, in) one: oneDNN's int8 kernel reads
-    that layout fastest at the few rows of a short sentence."""
+    weight in the form the kernel reads (None where the product computes on ``int8`` itself:
+    in a traced graph, and on torch._int_mm for onednn-s8 where cpu.py prepacks nothing). The
+    (in, out) matrix is the transposed view of an (out, in) one, as ``torch._int_mm`` reads
+    it."""
 
     int8: torch.Tensor  # (in, out), a view of (out, in) memory
     scale: torch.Tensor  # (out,) float32
     unsmooth: torch.Tensor | None = None  # (in,) float32
-    packed: Any = None  # the u8 kernels' prepacked weight
+    packed: Any = None  # the kernel's prepacked weight, or None
     kernel: str = "onednn-s8"  # cpu.INT8_KERNELS
     levels: int = 127  # activations are rounded to -levels..levels
+
+
+S8_FEW_ROWS = 32  # onednn-s8 where cpu.py prepacks (AMX): products of at most this many rows
+# (a short sentence) take torch._int_mm on the plain int8 weight, larger ones oneDNN's linear
+# kernel on the prepacked weight. The same sums either way. The whole model took 0.78-0.83x the
+# time on sorted batches of 32 sentences; one sentence at a time, the prepacked kernel taking
+# every product took 1.02-1.07x (docs/performance.md)
 
 
 def int8_product(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None) -> torch.Tensor:
@@ -119,7 +128,13 @@ def int8_product(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None)
     t = flat * weight.unsmooth if smoothed else flat
     if weight.kernel == "onednn-s8":
         q, scale = _quantize_rows(t, own=smoothed, levels=weight.levels)
-        acc = torch.mul(torch._int_mm(q, weight.int8), weight.scale)  # int32 -> float32 in one pass
+        if weight.packed is not None and flat.shape[0] > S8_FEW_ROWS:
+            # oneDNN's kernel on the prepacked weight, the sums times s_w as it writes them
+            packed, zeros = weight.packed
+            acc = _QLINEAR(q, 1.0, 0, packed, weight.scale, zeros, None, 1.0, 0, torch.float32,
+                           "none", [], "")  # fmt: skip
+        else:  # traced (the product inductor fuses), or few rows, where this was the faster
+            acc = torch.mul(torch._int_mm(q, weight.int8), weight.scale)
     else:
         scale = _row_scales(t, weight.levels)
         t = t.div_(scale) if smoothed else t.div(scale)  # -levels..levels, not yet rounded
@@ -149,7 +164,8 @@ _QLINEAR = _op("onednn", "qlinear_pointwise")
 
 
 def _pack(kernel: str, int8: torch.Tensor, scale: torch.Tensor) -> Any:
-    """The u8 kernel's own form of the (out, in) int8 weight with its (out,) scales."""
+    """The kernel's own form of the (out, in) int8 weight with its (out,) scales: fbgemm's
+    prepacked weight, or oneDNN's (for its s8 and u8 kernels alike) with zero points."""
     out = int8.shape[0]
     if kernel == "fbgemm-u8":
         import warnings
@@ -181,7 +197,10 @@ def int8_weight(layers: tuple[Int8Linear, ...]) -> tuple[Int8Weight, torch.Tenso
         raise RuntimeError(f"int8 products cannot run here: {policy.int8_why}")
     first = layers[0]
     traced = tracing()
-    if len(layers) == 1 and (traced or kernel == "onednn-s8"):  # nothing to stack or pack
+    # torch._int_mm computes on the int8 weight itself: in a traced graph, and for onednn-s8
+    # where the policy prepacks nothing (cpu.py)
+    unpacked = traced or (kernel == "onednn-s8" and not policy.int8_prepacked)
+    if len(layers) == 1 and unpacked:  # nothing to stack or pack
         w = Int8Weight(first.weight_int8.t(), first.weight_scale, first.unsmooth, None, kernel,
                        policy.int8_levels)  # fmt: skip
         return w, first.bias
@@ -200,7 +219,9 @@ def int8_weight(layers: tuple[Int8Linear, ...]) -> tuple[Int8Weight, torch.Tenso
         return cached[4], cached[5]
     int8 = first.weight_int8 if len(layers) == 1 else torch.cat([m.weight_int8 for m in layers])
     scale = first.weight_scale if len(layers) == 1 else torch.cat([m.weight_scale for m in layers])
-    packed = None if traced or kernel == "onednn-s8" else _pack(kernel, int8, scale)
+    # (and onednn-s8's weights that keep no version, which would be packed on every call)
+    unpacked = unpacked or (kernel == "onednn-s8" and stamp is None)
+    packed = None if unpacked else _pack(kernel, int8, scale)
     bias = first.bias if len(layers) == 1 else _stacked_bias(layers)
     w = Int8Weight(int8.t(), scale, first.unsmooth, packed, kernel, policy.int8_levels)
     if not traced and stamp is not None:

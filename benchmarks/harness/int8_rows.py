@@ -1,0 +1,121 @@
+"""bertlab int8 on the onednn-s8 kernel with its choice by row count (``precision.S8_FEW_ROWS``:
+torch._int_mm on the plain int8 weight for products of at most that many rows, oneDNN's int8
+linear kernel on the prepacked weight above it) against each kernel taking every product, and
+ONNX Runtime int8 beside them: the whole model, on the workloads and runners of ``bertlab
+bench runtimes`` (real tokens per second, bundled model calibrated as there, sentence
+embeddings), alternating in one process (``bertlab.bench.speed.alternate``).
+
+    bertlab-rows      the policy: _int_mm up to S8_FEW_ROWS rows, the prepacked kernel above
+    bertlab-packed    every product on the prepacked kernel
+    bertlab-int-mm    every product on torch._int_mm (bertlab before the prepacked kernel)
+    onnxruntime       ONNX Runtime int8 (dynamic quantization), as in bench runtimes
+
+The three bertlab rows compute the same sums (tests/test_precision.py checks the two kernels
+bit for bit). Prints the memory the prepacked copies take beside the int8 weights, then each
+system's median tokens/s and its median ratio to ONNX Runtime over
+the rounds, per workload, and the two other bertlab rows' times over bertlab-int-mm's, round
+by round. The record of a run is kept in benchmarks/int8-rows-<cpu class>.txt.
+
+    python benchmarks/harness/int8_rows.py [--data ../shared/data] [--workloads batch-1,sorted]
+        [--threads 2] [--rounds 9]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+from pathlib import Path
+
+import torch
+
+from bertlab.bench import runtimes
+from bertlab.bench.speed import alternate, machine
+from bertlab.files import resolve_model_dir
+from bertlab.nn import cpu, precision
+from bertlab.tokenizer import BertTokenizer
+
+ALL = 1 << 62  # a row count no product reaches
+
+
+def with_rows(rows: int, run):
+    """``run`` with ``precision.S8_FEW_ROWS`` set to ``rows`` while it runs."""
+
+    def timed() -> None:
+        chosen = precision.S8_FEW_ROWS
+        precision.S8_FEW_ROWS = rows
+        try:
+            run()
+        finally:
+            precision.S8_FEW_ROWS = chosen
+
+    return timed
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", default=None, help="folder with conll2003/ (as bench runtimes)")
+    p.add_argument("--workloads", default="batch-1,sorted")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=9)
+    args = p.parse_args(argv)
+    workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    if not workloads or set(workloads) - set(runtimes.WORKLOADS):
+        p.error(f"--workloads must name some of {', '.join(runtimes.WORKLOADS)}, got {workloads}")
+    if args.rounds < 1 or args.threads < 1:
+        p.error(f"--rounds and --threads must be at least 1, got {args.rounds}, {args.threads}")
+    policy = cpu.current()
+    kernel = policy.int8_kernel
+    if not policy.int8_prepacked:
+        p.error(f"onednn-s8's prepacked kernel runs only where the CPU has AMX; this one is of "
+                f"class {policy.cpu_class}, int8 kernel {kernel}")  # fmt: skip
+    torch.set_num_threads(args.threads)
+    model = resolve_model_dir("default")
+    tokenizer = BertTokenizer.from_pretrained(model)
+    texts, source = runtimes.runtime_texts(args.data)
+    with tempfile.TemporaryDirectory(prefix="int8-rows-") as folder:
+        work = Path(folder)
+        bertlab = runtimes.make_runner("bertlab-int8", model, work, args.threads)
+        with torch.inference_mode():  # a batch past few rows: every weight is prepacked
+            bertlab(runtimes.batches(tokenizer, texts[:64], "sorted")[0])
+        made = [entry[4] for entry in precision._PACKED.values() if entry[4].packed is not None]
+        prepacked = sum(w.packed[0].numel() * w.packed[0].element_size() for w in made) / 2**20
+        int8 = sum(w.int8.numel() for w in made) / 2**20
+        ort = runtimes.make_runner("onnxruntime-int8", model, work, args.threads)
+        m = machine()
+        print(f"{m['cpu']}, {args.threads} threads, torch {m['torch']}, class "
+              f"{cpu.current().cpu_class}, int8 kernel {kernel}, S8_FEW_ROWS "
+              f"{precision.S8_FEW_ROWS}; {source}; {args.rounds} alternating rounds")  # fmt: skip
+        print(f"prepacked copies held beside the int8 weights: {prepacked:.1f} MiB, for "
+              f"{int8:.1f} MiB of int8 weights in {len(made)} products")  # fmt: skip
+        for workload in workloads:
+            batches = runtimes.batches(tokenizer, texts, workload)
+            tokens = sum(int(b["attention_mask"].sum()) for b in batches)
+
+            def each(runner, batches=batches):
+                return lambda: [runner(b) for b in batches]
+
+            runs = {
+                "bertlab-rows": each(bertlab),
+                "bertlab-packed": with_rows(0, each(bertlab)),
+                "bertlab-int-mm": with_rows(ALL, each(bertlab)),
+                "onnxruntime": each(ort),
+            }
+            with torch.inference_mode():
+                seconds = alternate(runs, args.rounds)
+            base = seconds["onnxruntime"]
+            print(f"{workload}: {len(batches)} batches, {tokens} real tokens")
+            for name, t in seconds.items():
+                ratio = statistics.median(b / a for a, b in zip(t, base, strict=True))
+                print(f"  {name:15} {tokens / statistics.median(t):8.0f} tokens/s"
+                      f"   {ratio:.2f}x onnxruntime")  # fmt: skip
+            for name in ("bertlab-rows", "bertlab-packed"):
+                pairs = [a / b for a, b in zip(seconds[name], seconds["bertlab-int-mm"],
+                                                strict=True)]  # fmt: skip
+                print(f"  {name}'s time over bertlab-int-mm's: median "
+                      f"{statistics.median(pairs):.3f} over the rounds (lowest {min(pairs):.2f}, "
+                      f"highest {max(pairs):.2f})")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
