@@ -88,6 +88,7 @@ def test_every_installed_system_runs_and_reports_its_agreement(monkeypatch):
     assert (cpu.current().int8_kernel or "no int8") in line
     few = cpu.current().few_rows
     assert (f"float32 products of few rows on {few}" in line) == (few is not None)
+    assert ("prepacked above few rows" in line) == cpu.current().int8_prepacked
     table = markdown_table(report)
     assert table.count("\n") == 3 and "| sorted (" in table and "| batch-1 (0% padding) |" in table
     assert json.loads(json.dumps(report)) == report

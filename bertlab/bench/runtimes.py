@@ -399,8 +399,11 @@ def cpu_line(described: dict[str, Any]) -> str:
     it."""
     limits = f", limited by {' '.join(described['limits'])}" if described["limits"] else ""
     kernel = described["int8_kernel"]
+    prepacked = described.get("int8_prepacked")  # (records from before it was kept have none)
     int8 = (
-        f"int8 on {kernel} ({described['int8_activation_bits']}-bit activations)"
+        f"int8 on {kernel} ({described['int8_activation_bits']}-bit activations"
+        + (", prepacked above few rows" if prepacked else "")
+        + ")"
         if kernel
         else f"no int8 ({described['int8_why']})"
     )
