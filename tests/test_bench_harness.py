@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,10 @@ HARNESS = ROOT / "benchmarks" / "harness"
 
 
 def harness(name: str):
-    """A harness script as a module, loaded from its file (the folder is no package)."""
+    """A harness script as a module, loaded from its file (the folder is no package; its
+    scripts import their shared module, paired.py, from it, as when they run)."""
+    if str(HARNESS) not in sys.path:
+        sys.path.insert(0, str(HARNESS))
     spec = importlib.util.spec_from_file_location(f"harness_{name}", HARNESS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

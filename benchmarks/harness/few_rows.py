@@ -20,13 +20,12 @@ record of a run is kept in benchmarks/few-rows-<cpu class>.txt.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
-import statistics
 import tempfile
 from pathlib import Path
 
+import paired
 import torch
 
 from bertlab.bench import runtimes
@@ -58,17 +57,7 @@ def resident_mib() -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", default=None, help="folder with conll2003/ (as bench runtimes)")
-    p.add_argument("--workloads", default="batch-1,sorted")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=9)
-    args = p.parse_args(argv)
-    workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
-    if not workloads or set(workloads) - set(runtimes.WORKLOADS):
-        p.error(f"--workloads must name some of {', '.join(runtimes.WORKLOADS)}, got {workloads}")
-    if args.rounds < 1 or args.threads < 1:
-        p.error(f"--rounds and --threads must be at least 1, got {args.rounds}, {args.threads}")
+    p, args, workloads = paired.arguments(__doc__, argv)
     if cpu.current().few_rows is None:
         p.error(f"float32 products do not take oneDNN's route here ({cpu.current().few_rows_why})")
     if not cpu.features().mkl:
@@ -107,16 +96,8 @@ def main(argv: list[str] | None = None) -> None:
         }
         with torch.inference_mode():
             seconds = alternate(runs, args.rounds)
-        base = seconds["onnxruntime"]
-        print(f"{workload}: {len(batches)} batches, {tokens} real tokens")
-        for name, t in seconds.items():
-            ratio = statistics.median(b / a for a, b in zip(t, base, strict=True))
-            print(f"  {name:15} {tokens / statistics.median(t):8.0f} tokens/s"
-                  f"   {ratio:.2f}x onnxruntime")  # fmt: skip
-        pairs = [a / b for a, b in zip(seconds["bertlab-mkl"], seconds["bertlab-onednn"],
-                                        strict=True)]  # fmt: skip
-        print(f"  bertlab-mkl's time over bertlab-onednn's: median {statistics.median(pairs):.3f}"
-              f" over the rounds (lowest {min(pairs):.2f}, highest {max(pairs):.2f})")  # fmt: skip
+        paired.report(workload, len(batches), tokens, seconds, "onnxruntime",
+                      [("bertlab-mkl", "bertlab-onednn")])  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -22,11 +22,10 @@ by round. The record of a run is kept in benchmarks/int8-rows-<cpu class>.txt.
 
 from __future__ import annotations
 
-import argparse
-import statistics
 import tempfile
 from pathlib import Path
 
+import paired
 import torch
 
 from bertlab.bench import runtimes
@@ -53,17 +52,7 @@ def with_rows(rows: int, run):
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", default=None, help="folder with conll2003/ (as bench runtimes)")
-    p.add_argument("--workloads", default="batch-1,sorted")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=9)
-    args = p.parse_args(argv)
-    workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
-    if not workloads or set(workloads) - set(runtimes.WORKLOADS):
-        p.error(f"--workloads must name some of {', '.join(runtimes.WORKLOADS)}, got {workloads}")
-    if args.rounds < 1 or args.threads < 1:
-        p.error(f"--rounds and --threads must be at least 1, got {args.rounds}, {args.threads}")
+    p, args, workloads = paired.arguments(__doc__, argv)
     policy = cpu.current()
     kernel = policy.int8_kernel
     if not policy.int8_prepacked:
@@ -103,18 +92,8 @@ def main(argv: list[str] | None = None) -> None:
             }
             with torch.inference_mode():
                 seconds = alternate(runs, args.rounds)
-            base = seconds["onnxruntime"]
-            print(f"{workload}: {len(batches)} batches, {tokens} real tokens")
-            for name, t in seconds.items():
-                ratio = statistics.median(b / a for a, b in zip(t, base, strict=True))
-                print(f"  {name:15} {tokens / statistics.median(t):8.0f} tokens/s"
-                      f"   {ratio:.2f}x onnxruntime")  # fmt: skip
-            for name in ("bertlab-rows", "bertlab-packed"):
-                pairs = [a / b for a, b in zip(seconds[name], seconds["bertlab-int-mm"],
-                                                strict=True)]  # fmt: skip
-                print(f"  {name}'s time over bertlab-int-mm's: median "
-                      f"{statistics.median(pairs):.3f} over the rounds (lowest {min(pairs):.2f}, "
-                      f"highest {max(pairs):.2f})")  # fmt: skip
+            against = [(name, "bertlab-int-mm") for name in ("bertlab-rows", "bertlab-packed")]
+            paired.report(workload, len(batches), tokens, seconds, "onnxruntime", against)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,50 @@
+"""What the paired harnesses share (few_rows.py, int8_rows.py): their arguments, checked before
+any work, and their printout of alternating rounds. Imported by those scripts from this folder
+(a script's own folder is on Python's path when it runs)."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+from bertlab.bench import runtimes
+
+
+def arguments(
+    doc: str, argv: list[str] | None
+) -> tuple[argparse.ArgumentParser, argparse.Namespace, list[str]]:
+    """The parser (for the scripts' own checks), --data, --workloads, --threads and --rounds,
+    and the workloads named; exits (2) naming the bad value before any work."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    p.add_argument("--data", default=None, help="folder with conll2003/ (as bench runtimes)")
+    p.add_argument("--workloads", default="batch-1,sorted")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=9)
+    args = p.parse_args(argv)
+    workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    if not workloads or set(workloads) - set(runtimes.WORKLOADS):
+        p.error(f"--workloads must name some of {', '.join(runtimes.WORKLOADS)}, got {workloads}")
+    if args.rounds < 1 or args.threads < 1:
+        p.error(f"--rounds and --threads must be at least 1, got {args.rounds}, {args.threads}")
+    return p, args, workloads
+
+
+def report(
+    workload: str,
+    batches: int,
+    tokens: int,
+    seconds: dict[str, list[float]],
+    peer: str,
+    pairs: list[tuple[str, str]],
+) -> None:
+    """Each system's median tokens/s and its median ratio to ``peer`` over the rounds, then for
+    each (a, b) of ``pairs`` the median of a's time over b's, round by round."""
+    print(f"{workload}: {batches} batches, {tokens} real tokens")
+    base = seconds[peer]
+    for name, t in seconds.items():
+        ratio = statistics.median(b / a for a, b in zip(t, base, strict=True))
+        print(f"  {name:15} {tokens / statistics.median(t):8.0f} tokens/s   {ratio:.2f}x {peer}")
+    for a, b in pairs:
+        times = [x / y for x, y in zip(seconds[a], seconds[b], strict=True)]
+        print(f"  {a}'s time over {b}'s: median {statistics.median(times):.3f} over the rounds "
+              f"(lowest {min(times):.2f}, highest {max(times):.2f})")  # fmt: skip
