@@ -83,16 +83,11 @@ def main(argv: list[str] | None = None) -> None:
     print(f"resident memory: {onednn_only:.0f} MiB with oneDNN's packed weights, {both:.0f} MiB "
           f"with MKL's beside them (+{both - onednn_only:.0f} MiB)")  # fmt: skip
     for workload in workloads:
-        batches = runtimes.batches(tokenizer, texts, workload)
-        tokens = sum(int(b["attention_mask"].sum()) for b in batches)
-
-        def each(runner, batches=batches):
-            return lambda: [runner(b) for b in batches]
-
+        batches, tokens = paired.workload(tokenizer, texts, workload)
         runs = {
-            "bertlab-mkl": on_kernel("mkl", each(bertlab)),
-            "bertlab-onednn": on_kernel("onednn", each(bertlab)),
-            "onnxruntime": each(ort),
+            "bertlab-mkl": on_kernel("mkl", paired.each(bertlab, batches)),
+            "bertlab-onednn": on_kernel("onednn", paired.each(bertlab, batches)),
+            "onnxruntime": paired.each(ort, batches),
         }
         with torch.inference_mode():
             seconds = alternate(runs, args.rounds)

@@ -78,17 +78,12 @@ def main(argv: list[str] | None = None) -> None:
         print(f"prepacked copies held beside the int8 weights: {prepacked:.1f} MiB, for "
               f"{int8:.1f} MiB of int8 weights in {len(made)} products")  # fmt: skip
         for workload in workloads:
-            batches = runtimes.batches(tokenizer, texts, workload)
-            tokens = sum(int(b["attention_mask"].sum()) for b in batches)
-
-            def each(runner, batches=batches):
-                return lambda: [runner(b) for b in batches]
-
+            batches, tokens = paired.workload(tokenizer, texts, workload)
             runs = {
-                "bertlab-rows": each(bertlab),
-                "bertlab-packed": with_rows(0, each(bertlab)),
-                "bertlab-int-mm": with_rows(ALL, each(bertlab)),
-                "onnxruntime": each(ort),
+                "bertlab-rows": paired.each(bertlab, batches),
+                "bertlab-packed": with_rows(0, paired.each(bertlab, batches)),
+                "bertlab-int-mm": with_rows(ALL, paired.each(bertlab, batches)),
+                "onnxruntime": paired.each(ort, batches),
             }
             with torch.inference_mode():
                 seconds = alternate(runs, args.rounds)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from collections.abc import Callable
+from typing import Any
 
 from bertlab.bench import runtimes
 
@@ -27,6 +29,17 @@ def arguments(
     if args.rounds < 1 or args.threads < 1:
         p.error(f"--rounds and --threads must be at least 1, got {args.rounds}, {args.threads}")
     return p, args, workloads
+
+
+def workload(tokenizer: Any, texts: list[str], name: str) -> tuple[list[dict], int]:
+    """The workload's batches, as ``bertlab bench runtimes`` makes them, and their real tokens."""
+    batches = runtimes.batches(tokenizer, texts, name)
+    return batches, sum(int(b["attention_mask"].sum()) for b in batches)
+
+
+def each(runner: Callable[[dict], Any], batches: list[dict]) -> Callable[[], list]:
+    """One timed run: ``runner`` on every batch."""
+    return lambda: [runner(b) for b in batches]
 
 
 def report(
