@@ -40,7 +40,7 @@ from bertlab.bench.speed import machine
 from bertlab.data import sample_sentences
 from bertlab.files import bundled_model_dir
 from bertlab.heap import keep_freed_memory
-from bertlab.nn import attention
+from bertlab.nn import attention, cpu, precision
 from bertlab.nn import products as seam
 from bertlab.nn.activations import activation_of
 from bertlab.serve.engine import ServedModel
@@ -96,17 +96,34 @@ def product_shapes(config: Any) -> list[tuple[int, int]]:
     return [(h, 3 * h), (h, h), (h, i), (i, h)]
 
 
+def int8_call(tokens: int, k: int, n: int, g: torch.Generator) -> Callable[[], Any]:
+    """One int8 product of ``tokens`` rows, ``k`` -> ``n``, on random values, as the model
+    computes it on this CPU: ``precision.int8_product`` on a weight in the form the policy's
+    kernel reads (prepacked for fbgemm-u8, onednn-u8 and onednn-s8 with AMX; torch._int_mm's
+    plain int8 elsewhere), rounding of the activations and scaling included."""
+    policy = cpu.current()
+    kernel = policy.int8_kernel
+    if kernel is None:
+        raise SystemExit(f"int8 cannot run here: {policy.int8_why}")
+    int8 = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
+    scale = torch.rand(n, generator=g) / 100 + 1e-3
+    plain = kernel == "onednn-s8" and not policy.int8_prepacked
+    packed = None if plain else precision._pack(kernel, int8, scale)
+    weight = precision.Int8Weight(int8.t(), scale, None, packed, kernel, policy.int8_levels)
+    x = torch.randn(tokens, k, generator=g)
+    return lambda: precision.int8_product(x, weight, None)
+
+
 def products_alone(model: ServedModel, tokens: int, dtype: str, repeat: int) -> dict[str, float]:
-    """Each product shape of the encoder alone, as one plain PyTorch call on ``tokens`` rows of
-    random values in the served precision (``torch._int_mm`` for int8; in float32 and bfloat16
-    the fastest of three weight layouts): seconds a call, by (in, out)."""
+    """Each product shape of the encoder alone, as one plain call on ``tokens`` rows of random
+    values in the served precision (for int8, bertlab's int8 product on this CPU's kernel:
+    ``int8_call``; in float32 and bfloat16 the fastest of three weight layouts): seconds a
+    call, by (in, out)."""
     seconds = {}
     g = torch.Generator().manual_seed(0)
     for k, n in product_shapes(model.config):
         if dtype == "int8":
-            a = torch.randint(-127, 128, (tokens, k), dtype=torch.int8, generator=g)
-            w = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
-            calls = [lambda a=a, w=w: torch._int_mm(a, w.t())]
+            calls = [int8_call(tokens, k, n, g)]
         else:
             a = torch.randn(tokens, k, generator=g).to(getattr(torch, dtype))
             w = torch.randn(n, k, generator=g).to(a.dtype)
@@ -190,9 +207,10 @@ def main() -> None:
     alone = products_alone(model, tokens, args.dtype, args.repeat)
     layers = model.config.num_hidden_layers
     per_token = 2 * layers * sum(k * n for k, n in alone)  # the encoder's products, per token
-    print(f"each product shape alone, one plain call on {tokens:,} rows of random {args.dtype}:")
+    kind = f"int8 ({cpu.current().int8_kernel})" if args.dtype == "int8" else args.dtype
+    print(f"each product shape alone, one plain call on {tokens:,} rows of random {kind}:")
     for (k, n), seconds in alone.items():
-        print(f"  {f'one call {k} -> {n}':40s} {2 * tokens * k * n / seconds / 1e9:7.0f} GOP/s")
+        print(f"  {f'one call {k} -> {n}':40s} {2 * tokens * k * n / seconds / 1e9:9.2f} GOP/s")
     floor = layers * sum(alone.values())
     print(
         f"the batch's products ({per_token / 1e6:.1f} MOP a token) at those rates: "
