@@ -30,10 +30,11 @@ instruction; what was measured where, natively or on a simulation: docs/performa
   "PyTorch's": the module route, PyTorch's own kernels (on Arm, its NEON/SVE ones).
 * **few rows** (``Policy.few_rows``): a float32 product of at most products.FEW_ROWS rows (one
   short sentence, a handful of them) reads its whole weight for little arithmetic, and MKL's
-  packed product does that faster than oneDNN's (docs/performance.md). On Intel CPUs where
-  float32 takes the oneDNN route and this PyTorch has MKL's packed product, such products take
-  it ("mkl"); elsewhere they stay on oneDNN ("onednn"): MKL's kernels were measured on Intel
-  CPUs only (natively and under the AVX2 limits), not on AMD ones. ``BERTLAB_FEW_ROWS``
+  packed product does that faster than oneDNN's on Intel CPUs (docs/performance.md). There,
+  where float32 takes the oneDNN route and this PyTorch has MKL's packed product, such products
+  take it ("mkl"); elsewhere they stay on oneDNN ("onednn"): on an AMD EPYC (Zen 3, AVX2)
+  MKL's took 1.27x oneDNN's time at batch 1, and AMD's other classes were not measured with
+  it. ``BERTLAB_FEW_ROWS``
   (``auto``, ``mkl`` or ``onednn``) forces one; one that cannot run here is refused by name.
 * **int8 kernels** (precision.py): ``onednn-s8`` is oneDNN's int8 x int8 product summed in
   int32 by its VNNI or AMX kernels, ``torch._int_mm`` (PyTorch sends it to oneDNN only where
@@ -510,8 +511,8 @@ def _few_rows(f: Features, products: dict[torch.dtype, str], forced: str) -> tup
         return forced, f"forced by BERTLAB_FEW_ROWS={forced}"
     if f.vendor != "GenuineIntel":
         return "onednn", (
-            f"MKL's packed product was measured faster on Intel CPUs only; this one is "
-            f"{f.vendor or 'of an unknown vendor'}"
+            f"MKL's packed product was measured faster on Intel CPUs only (on an AMD EPYC, "
+            f"1.27x oneDNN's time at batch 1); this one is {f.vendor or 'of an unknown vendor'}"
         )
     return "mkl", "MKL's packed product, measured faster than oneDNN's on few rows"
 
