@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import builtins
 import json
-import subprocess
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -110,14 +108,16 @@ def test_quality_figures():
         (["--plot", "/nowhere/chart.png"], "the folder does not exist"),
     ],
 )
-def test_bad_arguments_are_refused_before_work(args, message):
-    done = subprocess.run(
-        [sys.executable, "-m", "bertlab", "bench", "runtimes", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 2 and message in done.stderr, done.stderr
+def test_bad_arguments_are_refused_before_work(args, message, capsys, monkeypatch):
+    """Exit status 2 and the reason on standard error, before any system is loaded (the command
+    line in this process, as ``bertlab bench runtimes`` runs it)."""
+    from bertlab.cli.main import main
+
+    loaded = []
+    monkeypatch.setattr(runtimes, "make_runner", lambda name, *a: loaded.append(name))
+    code = main(["bench", "runtimes", *args])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and not loaded, err
 
 
 def test_the_compiled_systems_are_the_models_behind_compiled(monkeypatch):

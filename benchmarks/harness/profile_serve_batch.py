@@ -2,10 +2,11 @@
 (``ServedModel.forward``) split into its parts, and the request's own CPU work beside it
 (tokenizing, finishing the vectors, writing the JSON answer). The output of one run is kept in
 benchmarks/profile-serve-batch-<cpu class>.txt, one file per class of CPU.
-int8 is the uncompiled int8 server's model, calibrated on the bundled sample.
+int8 is the uncompiled int8 server's model, calibrated on the bundled sample (``--calibration``
+sentences of it, the server's 128 by default).
 
     python benchmarks/harness/profile_serve_batch.py [--dtype bfloat16|float32|int8] [--threads 2]
-        [--sentences 256] [--repeat 20] [--plain TOKENS_PER_S [--ratio 3]]
+        [--sentences 256] [--repeat 20] [--plain TOKENS_PER_S [--ratio 3]] [--calibration 128]
 
 The request is the one ``bertlab bench serve --workloads batch256`` sends first: the first
 ``--sentences`` bundled SST-2 dev sentences. The parts are timed by a wall-clock timer around
@@ -43,6 +44,7 @@ from bertlab.heap import keep_freed_memory
 from bertlab.nn import attention, cpu, precision
 from bertlab.nn import products as seam
 from bertlab.nn.activations import activation_of
+from bertlab.nn.precision import CALIBRATION
 from bertlab.serve.engine import ServedModel
 
 spent: dict[str, float] = collections.defaultdict(float)  # part -> seconds, summed
@@ -145,6 +147,12 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=20)
     p.add_argument("--plain", type=float, help="another server's tokens/s: the budget to beat it")
     p.add_argument("--ratio", type=float, default=3.0, help="times --plain (default 3)")
+    p.add_argument(
+        "--calibration",
+        type=int,
+        default=CALIBRATION,
+        help=f"int8: bundled SST-2 sentences calibrated on (the server's {CALIBRATION})",
+    )
     args = p.parse_args()
     if args.sentences < 1 or args.repeat < 1:
         p.error(f"--sentences and --repeat must be at least 1: {args.sentences}, {args.repeat}")
@@ -152,7 +160,13 @@ def main() -> None:
         p.error(f"--plain and --ratio must be above 0: {args.plain}, {args.ratio}")
     torch.set_num_threads(args.threads)
     keep_freed_memory()
-    model = ServedModel("default", bundled_model_dir(), dtype=args.dtype)
+    if not 8 <= args.calibration <= CALIBRATION:
+        p.error(
+            f"--calibration must be between 8 and {CALIBRATION} sentences, got {args.calibration}"
+        )
+    texts = sample_sentences(args.calibration)
+    calibration = (texts, f"{len(texts)} bundled SST-2 sentences")
+    model = ServedModel("default", bundled_model_dir(), dtype=args.dtype, calibration=calibration)
     texts = sample_sentences(name="sst2_dev.tsv")[: args.sentences]
     rows = [row for e in model.encode(texts, "mean") for row in e.rows]
     tokens = sum(len(r) for r in rows)
