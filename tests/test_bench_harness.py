@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -197,3 +198,28 @@ def test_the_int8_rows_harness_refuses_bad_arguments_and_restores_the_row_limit(
     with pytest.raises(ZeroDivisionError):
         rows.with_rows(5, lambda: 1 / 0)()
     assert precision.S8_FEW_ROWS == 32
+
+
+def test_the_int8_kernels_harness_lists_each_kernel_or_why_not_and_restores_the_policy(capsys):
+    from bertlab.nn import cpu
+
+    kernels = harness("int8_kernels")
+    with pytest.raises(SystemExit) as e:
+        kernels.main(["--workloads", "huge"])
+    assert e.value.code == 2
+    assert "--workloads must name some of" in capsys.readouterr().err
+    runnable, refused = kernels.kernels()
+    assert set(runnable) | set(refused) == set(cpu.INT8_KERNELS)
+    assert not set(runnable) & set(refused)
+    assert all(p.int8_kernel == k for k, p in runnable.items())
+    assert all(k in why for k, why in refused.items())  # "BERTLAB_INT8_KERNEL=<k>: ..."
+    if cpu.current().int8_kernel is not None:  # the policy's own kernel is always runnable
+        assert cpu.current().int8_kernel in runnable
+    before = cpu.current()
+    other = replace(before, int8_kernel="fbgemm-u8" if before.int8_kernel != "fbgemm-u8" else None)
+    seen = []
+    kernels.under(other, lambda: seen.append(cpu.current().int8_kernel))()
+    assert seen == [other.int8_kernel] and cpu.current() is before  # set while it runs, restored
+    with pytest.raises(ZeroDivisionError):
+        kernels.under(other, lambda: 1 / 0)()
+    assert cpu.current() is before

@@ -1,6 +1,6 @@
-"""What the paired harnesses share (few_rows.py, int8_rows.py): their arguments, checked before
-any work, and their printout of alternating rounds. Imported by those scripts from this folder
-(a script's own folder is on Python's path when it runs)."""
+"""What the paired harnesses share (few_rows.py, int8_rows.py, int8_kernels.py): their
+arguments, checked before any work, and their printout of alternating rounds. Imported by those
+scripts from this folder (a script's own folder is on Python's path when it runs)."""
 
 from __future__ import annotations
 

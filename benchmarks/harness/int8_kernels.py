@@ -1,0 +1,105 @@
+"""bertlab int8 on every int8 kernel this CPU can run, and ONNX Runtime int8 beside them: the
+whole model, on the workloads and runners of ``bertlab bench runtimes`` (real tokens per second,
+bundled model calibrated as there, sentence embeddings), alternating in one process
+(``bertlab.bench.speed.alternate``), so the kernel the policy chooses for this CPU class
+(``cpu.current().int8_kernel``) is measured against the others within one run.
+
+    bertlab-<kernel>  the int8 model, its products on that kernel (``BERTLAB_INT8_KERNEL``), with
+                      the activation bits the policy gives that kernel here; one model each, so
+                      each keeps its own prepacked weights
+    onnxruntime       ONNX Runtime int8 (dynamic quantization), as in bench runtimes
+
+Kernels this CPU cannot run are listed with the reason and not timed. Prints each system's
+median tokens/s and its median ratio to ONNX Runtime over the rounds, per workload, and each
+other kernel's time over the chosen one's, round by round. The record of a run is kept in
+benchmarks/int8-kernels-<cpu class>.txt.
+
+    python benchmarks/harness/int8_kernels.py [--data ../shared/data] [--workloads batch-1,sorted]
+        [--threads 2] [--rounds 9]
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import paired
+import torch
+
+from bertlab.bench import runtimes
+from bertlab.bench.speed import alternate, machine
+from bertlab.files import resolve_model_dir
+from bertlab.nn import cpu
+from bertlab.tokenizer import BertTokenizer
+
+
+def kernels() -> tuple[dict[str, cpu.Policy], dict[str, str]]:
+    """The policy with each int8 kernel this CPU runs forced, by kernel, and why each other
+    kernel cannot run here."""
+    runnable, refused = {}, {}
+    for kernel in cpu.INT8_KERNELS:
+        policy = cpu.policy(cpu.features(), {"BERTLAB_INT8_KERNEL": kernel})
+        if policy.int8_kernel is None:
+            refused[kernel] = policy.int8_why or "no int8 kernel"
+        else:
+            runnable[kernel] = policy
+    return runnable, refused
+
+
+def under(policy: cpu.Policy, run: Callable[[], Any]) -> Callable[[], Any]:
+    """``run`` with ``policy`` as the process's policy while it runs."""
+
+    def timed() -> Any:
+        chosen = cpu.current()
+        cpu._CURRENT[0] = policy
+        try:
+            return run()
+        finally:
+            cpu._CURRENT[0] = chosen
+
+    return timed
+
+
+def main(argv: list[str] | None = None) -> None:
+    p, args, workloads = paired.arguments(__doc__, argv)
+    chosen = cpu.current().int8_kernel
+    if chosen is None:
+        p.error(f"int8 cannot run here: {cpu.current().int8_why}")
+    runnable, refused = kernels()
+    torch.set_num_threads(args.threads)
+    model = resolve_model_dir("default")
+    tokenizer = BertTokenizer.from_pretrained(model)
+    texts, source = runtimes.runtime_texts(args.data)
+    with tempfile.TemporaryDirectory(prefix="int8-kernels-") as folder:
+        work = Path(folder)
+        make = runtimes.make_runner
+        runners = {
+            k: under(policy, lambda: make("bertlab-int8", model, work, args.threads))()
+            for k, policy in runnable.items()
+        }
+        ort = runtimes.make_runner("onnxruntime-int8", model, work, args.threads)
+        m = machine()
+        print(f"{m['cpu']}, {args.threads} threads, torch {m['torch']}, class "
+              f"{cpu.current().cpu_class}, the policy's int8 kernel {chosen}; {source}; "
+              f"{args.rounds} alternating rounds")  # fmt: skip
+        for k, policy in runnable.items():
+            print(f"  {k}: activations -{policy.int8_levels}..{policy.int8_levels}")
+        for k, why in refused.items():
+            print(f"  {k}: not run: {why}")
+        for workload in workloads:
+            batches, tokens = paired.workload(tokenizer, texts, workload)
+            runs = {
+                f"bertlab-{k}": under(runnable[k], paired.each(runners[k], batches))
+                for k in runnable
+            }
+            runs["onnxruntime"] = paired.each(ort, batches)
+            with torch.inference_mode():
+                seconds = alternate(runs, args.rounds)
+            against = [(f"bertlab-{k}", f"bertlab-{chosen}") for k in runnable if k != chosen]
+            paired.report(workload, len(batches), tokens, seconds, "onnxruntime", against)
+
+
+if __name__ == "__main__":
+    main()
