@@ -30,9 +30,7 @@ import torch
 
 from bertlab.bench import runtimes
 from bertlab.bench.speed import alternate, machine
-from bertlab.files import resolve_model_dir
 from bertlab.nn import cpu
-from bertlab.tokenizer import BertTokenizer
 
 
 def on_kernel(kernel: str, run):
@@ -62,10 +60,7 @@ def main(argv: list[str] | None = None) -> None:
         p.error(f"float32 products do not take oneDNN's route here ({cpu.current().few_rows_why})")
     if not cpu.features().mkl:
         p.error("this PyTorch has no MKL packed product (torch.ops.mkl._mkl_linear)")
-    torch.set_num_threads(args.threads)
-    model = resolve_model_dir("default")
-    tokenizer = BertTokenizer.from_pretrained(model)
-    texts, source = runtimes.runtime_texts(args.data)
+    model, tokenizer, texts, source = paired.setup(args)
     folder = tempfile.TemporaryDirectory(prefix="few-rows-")  # removed when main returns
     work = Path(folder.name)
     bertlab = runtimes.make_runner("bertlab-fp32", model, work, args.threads)

@@ -30,9 +30,7 @@ import torch
 
 from bertlab.bench import runtimes
 from bertlab.bench.speed import alternate, machine
-from bertlab.files import resolve_model_dir
 from bertlab.nn import cpu
-from bertlab.tokenizer import BertTokenizer
 
 
 def kernels() -> tuple[dict[str, cpu.Policy], dict[str, str]]:
@@ -68,10 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     if chosen is None:
         p.error(f"int8 cannot run here: {cpu.current().int8_why}")
     runnable, refused = kernels()
-    torch.set_num_threads(args.threads)
-    model = resolve_model_dir("default")
-    tokenizer = BertTokenizer.from_pretrained(model)
-    texts, source = runtimes.runtime_texts(args.data)
+    model, tokenizer, texts, source = paired.setup(args)
     with tempfile.TemporaryDirectory(prefix="int8-kernels-") as folder:
         work = Path(folder)
         make = runtimes.make_runner

@@ -30,9 +30,7 @@ import torch
 
 from bertlab.bench import runtimes
 from bertlab.bench.speed import alternate, machine
-from bertlab.files import resolve_model_dir
 from bertlab.nn import cpu, precision
-from bertlab.tokenizer import BertTokenizer
 
 ALL = 1 << 62  # a row count no product reaches
 
@@ -58,10 +56,7 @@ def main(argv: list[str] | None = None) -> None:
     if not policy.int8_prepacked:
         p.error(f"onednn-s8's prepacked kernel runs only where the CPU has AMX; this one is of "
                 f"class {policy.cpu_class}, int8 kernel {kernel}")  # fmt: skip
-    torch.set_num_threads(args.threads)
-    model = resolve_model_dir("default")
-    tokenizer = BertTokenizer.from_pretrained(model)
-    texts, source = runtimes.runtime_texts(args.data)
+    model, tokenizer, texts, source = paired.setup(args)
     with tempfile.TemporaryDirectory(prefix="int8-rows-") as folder:
         work = Path(folder)
         bertlab = runtimes.make_runner("bertlab-int8", model, work, args.threads)

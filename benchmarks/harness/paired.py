@@ -7,9 +7,14 @@ from __future__ import annotations
 import argparse
 import statistics
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import torch
+
 from bertlab.bench import runtimes
+from bertlab.files import resolve_model_dir
+from bertlab.tokenizer import BertTokenizer
 
 
 def arguments(
@@ -29,6 +34,15 @@ def arguments(
     if args.rounds < 1 or args.threads < 1:
         p.error(f"--rounds and --threads must be at least 1, got {args.rounds}, {args.threads}")
     return p, args, workloads
+
+
+def setup(args: argparse.Namespace) -> tuple[Path, Any, list[str], str]:
+    """Set --threads, and give the bundled model's folder, its tokenizer, and ``bench
+    runtimes``' sentences with where they came from (--data)."""
+    torch.set_num_threads(args.threads)
+    model = resolve_model_dir("default")
+    texts, source = runtimes.runtime_texts(args.data)
+    return model, BertTokenizer.from_pretrained(model), texts, source
 
 
 def workload(tokenizer: Any, texts: list[str], name: str) -> tuple[list[dict], int]:
