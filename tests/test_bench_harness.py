@@ -218,8 +218,9 @@ def test_the_int8_kernels_harness_lists_each_kernel_or_why_not_and_restores_the_
     before = cpu.current()
     other = replace(before, int8_kernel="fbgemm-u8" if before.int8_kernel != "fbgemm-u8" else None)
     seen = []
-    kernels.under(other, lambda: seen.append(cpu.current().int8_kernel))()
+    under = harness("paired").under  # (each paired harness runs a system under its policy)
+    under(other, lambda: seen.append(cpu.current().int8_kernel))()
     assert seen == [other.int8_kernel] and cpu.current() is before  # set while it runs, restored
     with pytest.raises(ZeroDivisionError):
-        kernels.under(other, lambda: 1 / 0)()
+        under(other, lambda: 1 / 0)()
     assert cpu.current() is before

@@ -29,23 +29,12 @@ import paired
 import torch
 
 from bertlab.bench import runtimes
-from bertlab.bench.speed import alternate, machine
 from bertlab.nn import cpu
 
 
 def on_kernel(kernel: str, run):
     """``run`` with the policy's few-rows kernel set to ``kernel`` while it runs."""
-    chosen = dataclasses.replace(cpu.current(), few_rows=kernel)
-
-    def timed() -> None:
-        policy = cpu.current()
-        cpu._CURRENT[0] = chosen
-        try:
-            run()
-        finally:
-            cpu._CURRENT[0] = policy
-
-    return timed
+    return paired.under(dataclasses.replace(cpu.current(), few_rows=kernel), run)
 
 
 def resident_mib() -> float:
@@ -71,23 +60,19 @@ def main(argv: list[str] | None = None) -> None:
         onednn_only = resident_mib()
         on_kernel("mkl", lambda: bertlab(first))()
         both = resident_mib()
-    m = machine()
-    print(f"{m['cpu']}, {args.threads} threads, torch {m['torch']}, class "
-          f"{cpu.current().cpu_class} (policy's few-rows kernel: {cpu.current().few_rows}); "
-          f"{source}; {args.rounds} alternating rounds")  # fmt: skip
+    paired.header(args, f"policy's few-rows kernel {cpu.current().few_rows}", source)
     print(f"resident memory: {onednn_only:.0f} MiB with oneDNN's packed weights, {both:.0f} MiB "
           f"with MKL's beside them (+{both - onednn_only:.0f} MiB)")  # fmt: skip
-    for workload in workloads:
-        batches, tokens = paired.workload(tokenizer, texts, workload)
-        runs = {
+
+    def runs(batches: list[dict]) -> dict:
+        return {
             "bertlab-mkl": on_kernel("mkl", paired.each(bertlab, batches)),
             "bertlab-onednn": on_kernel("onednn", paired.each(bertlab, batches)),
             "onnxruntime": paired.each(ort, batches),
         }
-        with torch.inference_mode():
-            seconds = alternate(runs, args.rounds)
-        paired.report(workload, len(batches), tokens, seconds, "onnxruntime",
-                      [("bertlab-mkl", "bertlab-onednn")])  # fmt: skip
+
+    against = [("bertlab-mkl", "bertlab-onednn")]
+    paired.compare(tokenizer, texts, workloads, args.rounds, runs, "onnxruntime", against)
 
 
 if __name__ == "__main__":

@@ -21,15 +21,11 @@ benchmarks/int8-kernels-<cpu class>.txt.
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import paired
-import torch
 
 from bertlab.bench import runtimes
-from bertlab.bench.speed import alternate, machine
 from bertlab.nn import cpu
 
 
@@ -46,20 +42,6 @@ def kernels() -> tuple[dict[str, cpu.Policy], dict[str, str]]:
     return runnable, refused
 
 
-def under(policy: cpu.Policy, run: Callable[[], Any]) -> Callable[[], Any]:
-    """``run`` with ``policy`` as the process's policy while it runs."""
-
-    def timed() -> Any:
-        chosen = cpu.current()
-        cpu._CURRENT[0] = policy
-        try:
-            return run()
-        finally:
-            cpu._CURRENT[0] = chosen
-
-    return timed
-
-
 def main(argv: list[str] | None = None) -> None:
     p, args, workloads = paired.arguments(__doc__, argv)
     chosen = cpu.current().int8_kernel
@@ -71,29 +53,25 @@ def main(argv: list[str] | None = None) -> None:
         work = Path(folder)
         make = runtimes.make_runner
         runners = {
-            k: under(policy, lambda: make("bertlab-int8", model, work, args.threads))()
+            k: paired.under(policy, lambda: make("bertlab-int8", model, work, args.threads))()
             for k, policy in runnable.items()
         }
         ort = runtimes.make_runner("onnxruntime-int8", model, work, args.threads)
-        m = machine()
-        print(f"{m['cpu']}, {args.threads} threads, torch {m['torch']}, class "
-              f"{cpu.current().cpu_class}, the policy's int8 kernel {chosen}; {source}; "
-              f"{args.rounds} alternating rounds")  # fmt: skip
+        paired.header(args, f"the policy's int8 kernel {chosen}", source)
         for k, policy in runnable.items():
             print(f"  {k}: activations -{policy.int8_levels}..{policy.int8_levels}")
         for k, why in refused.items():
             print(f"  {k}: not run: {why}")
-        for workload in workloads:
-            batches, tokens = paired.workload(tokenizer, texts, workload)
-            runs = {
-                f"bertlab-{k}": under(runnable[k], paired.each(runners[k], batches))
-                for k in runnable
+
+        def runs(batches: list[dict]) -> dict:
+            timed = {
+                f"bertlab-{k}": paired.under(policy, paired.each(runners[k], batches))
+                for k, policy in runnable.items()
             }
-            runs["onnxruntime"] = paired.each(ort, batches)
-            with torch.inference_mode():
-                seconds = alternate(runs, args.rounds)
-            against = [(f"bertlab-{k}", f"bertlab-{chosen}") for k in runnable if k != chosen]
-            paired.report(workload, len(batches), tokens, seconds, "onnxruntime", against)
+            return {**timed, "onnxruntime": paired.each(ort, batches)}
+
+        against = [(f"bertlab-{k}", f"bertlab-{chosen}") for k in runnable if k != chosen]
+        paired.compare(tokenizer, texts, workloads, args.rounds, runs, "onnxruntime", against)
 
 
 if __name__ == "__main__":

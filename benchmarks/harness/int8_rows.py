@@ -29,7 +29,6 @@ import paired
 import torch
 
 from bertlab.bench import runtimes
-from bertlab.bench.speed import alternate, machine
 from bertlab.nn import cpu, precision
 
 ALL = 1 << 62  # a row count no product reaches
@@ -66,24 +65,20 @@ def main(argv: list[str] | None = None) -> None:
         prepacked = sum(w.packed[0].numel() * w.packed[0].element_size() for w in made) / 2**20
         int8 = sum(w.int8.numel() for w in made) / 2**20
         ort = runtimes.make_runner("onnxruntime-int8", model, work, args.threads)
-        m = machine()
-        print(f"{m['cpu']}, {args.threads} threads, torch {m['torch']}, class "
-              f"{cpu.current().cpu_class}, int8 kernel {kernel}, S8_FEW_ROWS "
-              f"{precision.S8_FEW_ROWS}; {source}; {args.rounds} alternating rounds")  # fmt: skip
+        paired.header(args, f"int8 kernel {kernel}, S8_FEW_ROWS {precision.S8_FEW_ROWS}", source)
         print(f"prepacked copies held beside the int8 weights: {prepacked:.1f} MiB, for "
               f"{int8:.1f} MiB of int8 weights in {len(made)} products")  # fmt: skip
-        for workload in workloads:
-            batches, tokens = paired.workload(tokenizer, texts, workload)
-            runs = {
+
+        def runs(batches: list[dict]) -> dict:
+            return {
                 "bertlab-rows": paired.each(bertlab, batches),
                 "bertlab-packed": with_rows(0, paired.each(bertlab, batches)),
                 "bertlab-int-mm": with_rows(ALL, paired.each(bertlab, batches)),
                 "onnxruntime": paired.each(ort, batches),
             }
-            with torch.inference_mode():
-                seconds = alternate(runs, args.rounds)
-            against = [(name, "bertlab-int-mm") for name in ("bertlab-rows", "bertlab-packed")]
-            paired.report(workload, len(batches), tokens, seconds, "onnxruntime", against)
+
+        against = [(name, "bertlab-int-mm") for name in ("bertlab-rows", "bertlab-packed")]
+        paired.compare(tokenizer, texts, workloads, args.rounds, runs, "onnxruntime", against)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """What the paired harnesses share (few_rows.py, int8_rows.py, int8_kernels.py): their
-arguments, checked before any work, and their printout of alternating rounds. Imported by those
-scripts from this folder (a script's own folder is on Python's path when it runs)."""
+arguments, checked before any work, their set-up, a policy swapped in while one system runs, and
+the timed rounds of each workload with their printout. Imported by those scripts from this
+folder (a script's own folder is on Python's path when it runs)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from typing import Any
 import torch
 
 from bertlab.bench import runtimes
+from bertlab.bench.speed import alternate, machine
 from bertlab.files import resolve_model_dir
+from bertlab.nn import cpu
 from bertlab.tokenizer import BertTokenizer
 
 
@@ -43,6 +46,47 @@ def setup(args: argparse.Namespace) -> tuple[Path, Any, list[str], str]:
     model = resolve_model_dir("default")
     texts, source = runtimes.runtime_texts(args.data)
     return model, BertTokenizer.from_pretrained(model), texts, source
+
+
+def header(args: argparse.Namespace, what: str, source: str) -> None:
+    """The run's first line: CPU, threads, torch, CPU class, what the script compares (``what``),
+    the sentences' source and the rounds."""
+    m = machine()
+    print(f"{m['cpu']}, {args.threads} threads, torch {m['torch']}, class "
+          f"{cpu.current().cpu_class}, {what}; {source}; "
+          f"{args.rounds} alternating rounds")  # fmt: skip
+
+
+def under(policy: cpu.Policy, run: Callable[[], Any]) -> Callable[[], Any]:
+    """``run`` with ``policy`` as the process's policy (``cpu.current()``) while it runs."""
+
+    def timed() -> Any:
+        chosen = cpu.current()
+        cpu._CURRENT[0] = policy
+        try:
+            return run()
+        finally:
+            cpu._CURRENT[0] = chosen
+
+    return timed
+
+
+def compare(
+    tokenizer: Any,
+    texts: list[str],
+    workloads: list[str],
+    rounds: int,
+    runs: Callable[[list[dict]], dict[str, Callable[[], Any]]],
+    peer: str,
+    pairs: list[tuple[str, str]],
+) -> None:
+    """Each workload's batches, the timed runs ``runs`` makes of them alternating for
+    ``rounds`` rounds (inference mode), then ``report``."""
+    for name in workloads:
+        batches, tokens = workload(tokenizer, texts, name)
+        with torch.inference_mode():
+            seconds = alternate(runs(batches), rounds)
+        report(name, len(batches), tokens, seconds, peer, pairs)
 
 
 def workload(tokenizer: Any, texts: list[str], name: str) -> tuple[list[dict], int]:

@@ -100,20 +100,17 @@ def product_shapes(config: Any) -> list[tuple[int, int]]:
 
 def int8_call(tokens: int, k: int, n: int, g: torch.Generator) -> Callable[[], Any]:
     """One int8 product of ``tokens`` rows, ``k`` -> ``n``, on random values, as the model
-    computes it on this CPU: ``precision.int8_product`` on a weight in the form the policy's
-    kernel reads (prepacked for fbgemm-u8, onednn-u8 and onednn-s8 with AMX; torch._int_mm's
-    plain int8 elsewhere), rounding of the activations and scaling included."""
-    policy = cpu.current()
-    kernel = policy.int8_kernel
-    if kernel is None:
-        raise SystemExit(f"int8 cannot run here: {policy.int8_why}")
-    int8 = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
-    scale = torch.rand(n, generator=g) / 100 + 1e-3
-    plain = kernel == "onednn-s8" and not policy.int8_prepacked
-    packed = None if plain else precision._pack(kernel, int8, scale)
-    weight = precision.Int8Weight(int8.t(), scale, None, packed, kernel, policy.int8_levels)
+    computes it on this CPU: an ``Int8Linear`` layer, whose weight ``precision.int8_weight``
+    puts in the form the policy's kernel reads, the activations' rounding and scaling
+    included."""
+    if (why := precision.int8_supported()) is not None:
+        raise SystemExit(f"int8 cannot run here: {why}")
+    linear = torch.nn.Linear(k, n, bias=False)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(n, k, generator=g))
+    layer = precision.Int8Linear(linear)
     x = torch.randn(tokens, k, generator=g)
-    return lambda: precision.int8_product(x, weight, None)
+    return lambda: layer(x)
 
 
 def products_alone(model: ServedModel, tokens: int, dtype: str, repeat: int) -> dict[str, float]:
@@ -158,12 +155,12 @@ def main() -> None:
         p.error(f"--sentences and --repeat must be at least 1: {args.sentences}, {args.repeat}")
     if args.plain is not None and not (args.plain > 0 and args.ratio > 0):
         p.error(f"--plain and --ratio must be above 0: {args.plain}, {args.ratio}")
-    torch.set_num_threads(args.threads)
-    keep_freed_memory()
     if not 8 <= args.calibration <= CALIBRATION:
         p.error(
             f"--calibration must be between 8 and {CALIBRATION} sentences, got {args.calibration}"
         )
+    torch.set_num_threads(args.threads)
+    keep_freed_memory()
     texts = sample_sentences(args.calibration)
     calibration = (texts, f"{len(texts)} bundled SST-2 sentences")
     model = ServedModel("default", bundled_model_dir(), dtype=args.dtype, calibration=calibration)

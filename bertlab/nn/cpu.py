@@ -34,8 +34,8 @@ instruction; what was measured where, natively or on a simulation: docs/performa
   where float32 takes the oneDNN route and this PyTorch has MKL's packed product, such products
   take it ("mkl"); elsewhere they stay on oneDNN ("onednn"): on an AMD EPYC (Zen 3, AVX2)
   MKL's took 1.27x oneDNN's time at batch 1, and AMD's other classes were not measured with
-  it. ``BERTLAB_FEW_ROWS``
-  (``auto``, ``mkl`` or ``onednn``) forces one; one that cannot run here is refused by name.
+  it. ``BERTLAB_FEW_ROWS`` (``auto``, ``mkl`` or ``onednn``) forces one; one that cannot run
+  here is refused by name.
 * **int8 kernels** (precision.py): ``onednn-s8`` is oneDNN's int8 x int8 product summed in
   int32 by its VNNI or AMX kernels, ``torch._int_mm`` (PyTorch sends it to oneDNN only where
   the CPU has AVX512-VNNI, and to a scalar loop elsewhere, so the kernel is chosen there only;
