@@ -119,7 +119,10 @@ def measure(prepared: Prepared, seed: int = 0) -> Speed:
         return (loop.clock() - t0) / steps
 
     try:
-        seconds_a_step(small, 1)  # allocation, kernels, the optimizer's state: not timed
+        # one step at each size pays the one-off costs, not timed: the optimizer's state, the
+        # kernels chosen for each shape, the memory the larger batch takes from the system
+        seconds_a_step(large, 1)
+        seconds_a_step(small, 1)
         t_large, t_small = seconds_a_step(large, 2), seconds_a_step(small, 2)
         per_dev = 0.0
         if prepared.dev is not None and prepared.dev.features:
