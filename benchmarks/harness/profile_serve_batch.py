@@ -45,7 +45,7 @@ from bertlab.nn import attention, cpu, precision
 from bertlab.nn import products as seam
 from bertlab.nn.activations import activation_of
 from bertlab.nn.precision import CALIBRATION
-from bertlab.serve.engine import ServedModel
+from bertlab.serve.engine import MIN_CALIBRATION, ServedModel, calibration_texts
 
 spent: dict[str, float] = collections.defaultdict(float)  # part -> seconds, summed
 
@@ -155,14 +155,12 @@ def main() -> None:
         p.error(f"--sentences and --repeat must be at least 1: {args.sentences}, {args.repeat}")
     if args.plain is not None and not (args.plain > 0 and args.ratio > 0):
         p.error(f"--plain and --ratio must be above 0: {args.plain}, {args.ratio}")
-    if not 8 <= args.calibration <= CALIBRATION:
-        p.error(
-            f"--calibration must be between 8 and {CALIBRATION} sentences, got {args.calibration}"
-        )
+    if not MIN_CALIBRATION <= args.calibration <= CALIBRATION:
+        p.error(f"--calibration must be between {MIN_CALIBRATION} and {CALIBRATION} sentences, "
+                f"got {args.calibration}")  # fmt: skip
     torch.set_num_threads(args.threads)
     keep_freed_memory()
-    texts = sample_sentences(args.calibration)
-    calibration = (texts, f"{len(texts)} bundled SST-2 sentences")
+    calibration = calibration_texts(None, args.calibration) if args.dtype == "int8" else None
     model = ServedModel("default", bundled_model_dir(), dtype=args.dtype, calibration=calibration)
     texts = sample_sentences(name="sst2_dev.tsv")[: args.sentences]
     rows = [row for e in model.encode(texts, "mean") for row in e.rows]

@@ -134,11 +134,14 @@ def check_precision(dtype: str, compile: bool) -> None:
         )
 
 
-def calibration_texts(path: str | Path | None) -> tuple[list[str], str]:
-    """int8's calibration texts and where they came from: the first CALIBRATION non-empty lines
-    of ``path`` (one text per line), or the bundled SST-2 sample's sentences."""
+MIN_CALIBRATION = 8  # texts: the fewest an int8 calibration reads
+
+
+def calibration_texts(path: str | Path | None, count: int = CALIBRATION) -> tuple[list[str], str]:
+    """int8's calibration texts and where they came from: the first ``count`` non-empty lines
+    of ``path`` (one text per line), or the bundled SST-2 sample's first ``count`` sentences."""
     if path is None:
-        return sample_sentences(CALIBRATION), f"{CALIBRATION} bundled SST-2 sentences"
+        return sample_sentences(count), f"{count} bundled SST-2 sentences"
     try:
         raw = Path(path).read_bytes()
     except OSError as e:
@@ -147,11 +150,11 @@ def calibration_texts(path: str | Path | None) -> tuple[list[str], str]:
         lines = raw.decode("utf-8").splitlines()
     except UnicodeDecodeError as e:
         raise ValueError(f"calibration file {str(path)!r} is not UTF-8 text: {e}") from e
-    texts = [t for line in lines if (t := line.strip())][:CALIBRATION]
-    if len(texts) < 8:
+    texts = [t for line in lines if (t := line.strip())][:count]
+    if len(texts) < MIN_CALIBRATION:
         raise ValueError(
             f"calibration file {str(path)!r} has {len(texts)} non-empty lines; int8 calibration "
-            f"needs at least 8 texts, one per line (it reads up to {CALIBRATION})"
+            f"needs at least {MIN_CALIBRATION} texts, one per line (it reads up to {count})"
         )
     return texts, f"{len(texts)} texts of {path}"
 
