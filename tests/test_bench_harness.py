@@ -166,6 +166,26 @@ def test_the_small_products_harness_refuses_rows_it_cannot_pad(capsys):
     assert "--rounds and --calls must be at least 1, got 0, 10" in capsys.readouterr().err
 
 
+def test_the_compiled_sizes_harness_refuses_sizes_it_cannot_run_before_compiling(
+    capsys, monkeypatch
+):
+    sizes = harness("compiled_sizes")
+    assert sizes.parse_sizes("1x8, 32x24") == [(1, 8), (32, 24)]
+    for bad, named in (("1x8,8", "'8'"), ("0x8", "'0x8'"), ("2x1", "'2x1'"), ("ax8", "'ax8'")):
+        with pytest.raises(SystemExit) as e:
+            sizes.main(["--sizes", bad])
+        assert e.value.code == 2
+        assert f"a size is ROWSxLENGTH, at least 1x2, got {named}" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        sizes.main(["--rounds", "0"])
+    assert "--threads and --rounds must be at least 1, got 2, 0" in capsys.readouterr().err
+    monkeypatch.setattr(sizes.Compiled, "available", staticmethod(lambda: None))
+    monkeypatch.setattr(sizes.Compiled, "_build", lambda *a: pytest.fail("nothing is compiled"))
+    with pytest.raises(SystemExit):
+        sizes.main(["--sizes", "1x21,1x600"])
+    assert "--sizes 1x600: longer than the model's 512 positions" in capsys.readouterr().err
+
+
 def test_the_few_rows_harness_refuses_unknown_workloads_and_zero_rounds(capsys):
     few = harness("few_rows")
     with pytest.raises(SystemExit) as e:

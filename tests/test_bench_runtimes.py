@@ -87,6 +87,10 @@ def test_every_installed_system_runs_and_reports_its_agreement(monkeypatch):
     few = cpu.current().few_rows
     assert (f"float32 products of few rows on {few}" in line) == (few is not None)
     assert ("prepacked above few rows" in line) == cpu.current().int8_prepacked
+    for precision, cap in cpu.current().compiled_tokens.items():
+        assert f"{precision} (batches of at most {cap} positions)" in line
+    avx2 = {**report["cpu"], "compiled": ["float32"], "compiled_tokens": {"float32": 48}}
+    assert "compiled: float32 (batches of at most 48 positions);" in runtimes.cpu_line(avx2)
     table = markdown_table(report)
     assert table.count("\n") == 3 and "| sorted (" in table and "| batch-1 (0% padding) |" in table
     assert json.loads(json.dumps(report)) == report
@@ -139,7 +143,9 @@ def test_the_compiled_systems_are_the_models_behind_compiled(monkeypatch):
     # a CPU whose policy compiles float32 (what this one's compiles is tests/test_cpu.py's)
     everything = frozenset(("float32", "bfloat16", "int8"))
     here = cpu.current()
-    monkeypatch.setattr(cpu, "_CURRENT", [replace(here, compiled=everything, not_compiled={})])
+    monkeypatch.setattr(
+        cpu, "_CURRENT", [replace(here, compiled=everything, not_compiled={}, compiled_tokens={})]
+    )
     runtimes.make_runner("bertlab-fp32-compiled", bundled_model_dir(), None, 2)
     (model,) = wrapped
     assert isinstance(model, BertModel) and not model.training
@@ -149,8 +155,9 @@ def test_the_compiled_systems_are_the_models_behind_compiled(monkeypatch):
         runtimes.make_runner("bertlab-int8-compiled", bundled_model_dir(), None, 2)
     # where Compiled would call the model itself, the row would repeat the uncompiled one
     monkeypatch.setattr(Recorded, "available", staticmethod(lambda: None))
-    avx2 = cpu.policy(replace(here.features, arch="x86_64", flags=frozenset({"avx2", "fma3"})), {})
-    monkeypatch.setattr(cpu, "_CURRENT", [avx2])
+    flags = frozenset({"avx512_f", "avx512_bw", "avx512_vl", "avx2", "fma3"})  # (class avx512)
+    avx512 = replace(here.features, arch="x86_64", flags=flags)
+    monkeypatch.setattr(cpu, "_CURRENT", [cpu.policy(avx512, {})])
     with pytest.raises(runtimes.Unavailable, match="runs the float32 model itself on this CPU"):
         runtimes.make_runner("bertlab-fp32-compiled", bundled_model_dir(), None, 2)
 

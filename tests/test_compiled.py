@@ -27,12 +27,15 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module", autouse=True)
 def compiled_on_any_cpu():
-    """Compiled runs its program in every precision whatever this CPU's class: the program's
-    results are under test here; where Compiled uses it is the policy's (tests/test_cpu.py)."""
+    """Compiled runs its program in every precision and at every size whatever this CPU's
+    class: the program's results are under test here; where Compiled uses it is the policy's
+    (tests/test_cpu.py)."""
     everything = frozenset(("float32", "bfloat16", "int8"))
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(
-            cpu, "_CURRENT", [replace(cpu.current(), compiled=everything, not_compiled={})]
+            cpu,
+            "_CURRENT",
+            [replace(cpu.current(), compiled=everything, not_compiled={}, compiled_tokens={})],
         )
         yield
 
@@ -93,6 +96,30 @@ def test_padded_batches_training_and_extra_outputs_run_the_model_itself(base):
     assert grad.requires_grad
     assert fast.calls["eager"] == before["eager"] + 3
     assert fast.calls["compiled"] == before["compiled"]
+
+
+def test_batches_past_the_classes_positions_run_the_model_itself(base):
+    """Where the CPU's class has the program win on short inputs only (cpu.COMPILED_TOKENS: on
+    AVX2, float32 batches of at most 48 positions), a batch of more positions, rows times
+    length, runs the model; either way the results agree."""
+    model, fast = base
+    fast.max_tokens = 12
+    try:
+        with torch.no_grad():
+            for x, path in (
+                (ids(1, 12), "compiled"),
+                (ids(2, 6, seed=1), "compiled"),
+                (ids(1, 13), "eager"),
+                (ids(2, 7), "eager"),
+            ):
+                before = dict(fast.calls)
+                ones, zeros = torch.ones_like(x), torch.zeros_like(x)  # (the program's inputs)
+                got = fast(input_ids=x, attention_mask=ones, token_type_ids=zeros)
+                assert (got.last_hidden_state - model(x).last_hidden_state).abs().max() < 1e-5
+                assert fast.calls[path] == before[path] + 1, (tuple(x.shape), path)
+    finally:
+        fast.max_tokens = None
+    assert len(fast._programs) == 1
 
 
 def test_bad_input_gets_the_eager_models_errors(base):

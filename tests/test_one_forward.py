@@ -177,7 +177,9 @@ def test_the_compiled_program_is_exported_from_the_layer_forward(monkeypatch):
     monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", stop)
     # the program whatever this CPU's class (where Compiled uses one is tests/test_cpu.py's)
     here = cpu.current()
-    monkeypatch.setattr(cpu, "_CURRENT", [replace(here, compiled=frozenset({"float32"}))])
+    monkeypatch.setattr(
+        cpu, "_CURRENT", [replace(here, compiled=frozenset({"float32"}), compiled_tokens={})]
+    )
     model, ids, mask = model_and_batch()
     compiled = Compiled(model)
 

@@ -38,7 +38,9 @@ def test_a_compiled_pipeline_runs_single_texts_compiled_and_answers_as_the_model
     monkeypatch.setattr(Compiled, "_build", build)
     # the program whatever this CPU's class (where Compiled uses one is tests/test_cpu.py's)
     here = cpu.current()
-    monkeypatch.setattr(cpu, "_CURRENT", [replace(here, compiled=frozenset({"float32"}))])
+    monkeypatch.setattr(
+        cpu, "_CURRENT", [replace(here, compiled=frozenset({"float32"}), compiled_tokens={})]
+    )
     tok = BertTokenizer(str(tmp_path / "vocab.txt"))
     compiled = pipeline("embed", model=model, tokenizer=tok, compile=True)
     plain = pipeline("embed", model=model, tokenizer=tok)

@@ -40,7 +40,9 @@ def compiled_on_any_cpu(monkeypatch):
     server's answers are under test here; where Compiled uses a program is tests/test_cpu.py's."""
     here = cpu.current()
     everything = frozenset(("float32", "int8"))
-    monkeypatch.setattr(cpu, "_CURRENT", [replace(here, compiled=everything, not_compiled={})])
+    monkeypatch.setattr(
+        cpu, "_CURRENT", [replace(here, compiled=everything, not_compiled={}, compiled_tokens={})]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -241,21 +243,25 @@ class _FreePort:
 def test_compile_on_a_cpu_where_the_program_is_not_used_serves_packed_and_says_why(
     tmp_path, monkeypatch
 ):
-    """On a CPU whose policy runs the model itself (an AVX2 one, simulated), ``compile=True``
-    builds nothing and waits for nothing: batches run packed, and /info says why."""
+    """On a CPU whose policy runs the model itself (AVX-512 without VNNI, simulated),
+    ``compile=True`` builds nothing and waits for nothing: batches run packed, and /info says
+    why."""
     cfg = bertlab.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                              intermediate_size=64, max_position_embeddings=64)  # fmt: skip
     bertlab.BertModel(cfg).eval().save_pretrained(tmp_path)
     bertlab.BertTokenizer.from_pretrained(DEFAULT).save_pretrained(tmp_path)
     here = cpu.current().features
-    avx2 = cpu.policy(replace(here, arch="x86_64", flags=frozenset({"avx2", "fma3"})), {})
-    monkeypatch.setattr(cpu, "_CURRENT", [avx2])
+    flags = frozenset({"avx512_f", "avx512_bw", "avx512_vl", "avx2", "fma3"})  # (class avx512)
+    avx512 = cpu.policy(replace(here, arch="x86_64", flags=flags), {})
+    monkeypatch.setattr(cpu, "_CURRENT", [avx512])
     monkeypatch.setattr(Compiled, "_build", lambda *a: pytest.fail("nothing is compiled here"))
     with pytest.warns(UserWarning, match="Compiled runs the float32 model itself"):
         model = ServedModel("m", tmp_path, "float32", compile=True)
     info = model.info()
     assert model.compiled is None and info["compiled"] is False
-    assert "not measured faster than the model on this class of CPU (avx2)" in info["not_compiled"]
+    assert (
+        "not measured faster than the model on this class of CPU (avx512)" in (info["not_compiled"])
+    )
     ids = model.tokenizer(TEXTS)["input_ids"]
     rows = [Row(i, [0] * len(i), "mean") for i in ids]
     ref = pipeline("embed", str(tmp_path))(TEXTS, normalize=False)

@@ -408,7 +408,14 @@ def cpu_line(described: dict[str, Any]) -> str:
         else f"no int8 ({described['int8_why']})"
     )
     bf16 = "bfloat16 native" if described["bf16_native"] else "bfloat16 products in float32"
-    compiled = ", ".join(described["compiled"]) or "none"
+    capped = described.get("compiled_tokens") or {}  # (records from before it was kept: none)
+    compiled = (
+        ", ".join(
+            f"{p} (batches of at most {capped[p]} positions)" if p in capped else p
+            for p in described["compiled"]
+        )
+        or "none"
+    )
     wait = described.get("openmp_wait")  # (records from before it was kept have none)
     few = described.get("few_rows")  # (nor the few-rows kernel)
     return (

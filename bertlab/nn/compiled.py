@@ -28,8 +28,10 @@ work on padding that the model's packed forward skips. ``Compiled`` runs it wher
 all the same, and the model's own forward everywhere else:
 
     compiled program no gradient, eval mode, CPU inputs, only the inputs (input_ids,
-                     attention_mask, token_type_ids, position_ids) given, and at most
-                     PADDING_LIMIT of the batch's positions padding (none for a single text)
+                     attention_mask, token_type_ids, position_ids) given, at most
+                     PADDING_LIMIT of the batch's positions padding (none for a single text),
+                     and on CPU classes where it wins on short inputs only, at most the
+                     class's positions (``.max_tokens``; cpu.COMPILED_TOKENS)
     the model        anything else: batches with more padding run packed, training, labels,
                      outputs of attention maps or hidden states, inputs on another device
 
@@ -54,7 +56,8 @@ explore), call the model itself. Results equal the eager model's within the dtyp
 compiles (``torch.set_num_threads`` before the first call).
 
 Where the compiled program runs depends on the CPU (cpu.py's policy, ``cpu.current().compiled``):
-it was measured faster than the model only on some classes of CPU and in some precisions, and
+it was measured faster than the model only on some classes of CPU and in some precisions (on
+AVX2-only CPUs, in float32 on batches of at most 48 positions: ``.max_tokens``), and
 cannot call the u8 int8 kernels (it would compute those products in float32) nor run bfloat16
 natively on a CPU without bfloat16 instructions. In any other precision ``Compiled(model)``
 calls the model itself for every input, says why once (a warning, and ``.why_eager``), and
@@ -167,6 +170,8 @@ class Compiled:
         elif (why := self.available()) is not None:
             raise RuntimeError(why)
         self._limit = PADDING_LIMIT.get(self.precision, 0.0)
+        # the most positions of a batch the program runs on this CPU (None: any)
+        self.max_tokens = policy.compiled_tokens.get(self.precision)
         self._options = {
             **OPTIONS,
             **PRECISION_OPTIONS.get(self.precision, {}),
@@ -268,6 +273,8 @@ class Compiled:
         ids, mask = arguments.get("input_ids"), arguments.get("attention_mask")
         if not isinstance(ids, torch.Tensor) or ids.device.type != "cpu":
             return False
+        if self.max_tokens is not None and ids.numel() > self.max_tokens:
+            return False  # a class where the program wins on short inputs only
         for k, v in arguments.items():
             if k not in INPUTS and v is not None and not (isinstance(v, dict) and not v):
                 return False  # labels, output options, other keywords: the model's own forward

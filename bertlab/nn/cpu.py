@@ -57,7 +57,9 @@ instruction; what was measured where, natively or on a simulation: docs/performa
   any product runs (never an illegal instruction).
 * **Compiled** (compiled.py) runs its program only in the precisions of ``COMPILED`` for the
   class: those where it was measured faster than the model (amx and avx512-bf16: float32,
-  bfloat16 and int8 on onednn-s8). Elsewhere (int8 on the u8 kernels, which a compiled program
+  bfloat16 and int8 on onednn-s8; avx2: float32 on batches of at most 48 positions, rows times
+  length, ``COMPILED_TOKENS``, where it saves the Python between short products and loses on
+  larger ones). Elsewhere (int8 on the u8 kernels, which a compiled program
   cannot call; bfloat16 without bfloat16 instructions; every precision on classes where it was
   measured no faster, or not measured) ``Compiled`` calls the model itself, and says why
   (``Policy.not_compiled``).
@@ -278,7 +280,14 @@ NO_BF16 = "this CPU has no bfloat16 instructions (AVX512-BF16 or AMX) for oneDNN
 COMPILED = {
     "amx": ("float32", "bfloat16", "int8"),  # Sapphire Rapids Xeon
     "avx512-bf16": ("float32", "bfloat16", "int8"),  # EPYC Zen 4
+    "avx2": ("float32",),  # EPYC Zen 3: short inputs only (COMPILED_TOKENS)
 }
+# where the program wins only on short inputs: the most positions (rows x length) of a batch it
+# runs, by class and precision; larger batches run the model. On the AVX2 EPYC the program took
+# 0.68-0.93x the model's time from 8 to 48 positions, 0.99-1.01x at 64 and 1.06-1.22x from 96 up
+# (benchmarks/compiled-sizes-epyc-avx2.txt): the same oneDNN products with less Python between
+# them, which counts only while the products are small
+COMPILED_TOKENS = {"avx2": {"float32": 48}}
 
 
 @dataclass(frozen=True)
@@ -295,6 +304,9 @@ class Policy:
     # how products.py computes a linear product, by the input's dtype (else "module")
     products: dict[torch.dtype, str] = field(default_factory=dict)
     compiled: frozenset[str] = frozenset()  # the precisions Compiled runs as its program
+    # the most positions (rows x length) of a batch the program runs, by precision (no entry:
+    # any batch)
+    compiled_tokens: dict[str, int] = field(default_factory=dict)
     # why Compiled calls the model in each other precision ("float32", "bfloat16", "int8")
     not_compiled: dict[str, str] = field(default_factory=dict)
     # the kernel of float32 products with few rows on the oneDNN route: "mkl" or "onednn"
@@ -330,6 +342,7 @@ class Policy:
             "bf16_why": self.bf16_why,
             "products": {str(k).removeprefix("torch."): v for k, v in self.products.items()},
             "compiled": sorted(self.compiled),
+            "compiled_tokens": dict(self.compiled_tokens),
             "not_compiled": dict(self.not_compiled),
             "few_rows": self.few_rows,
             "few_rows_why": self.few_rows_why,
@@ -477,6 +490,7 @@ def policy(f: Features, environ: dict[str, str] | os._Environ | None = None) -> 
         bf16_why=bf16_why,
         products=products,
         compiled=compiled,
+        compiled_tokens={k: v for k, v in COMPILED_TOKENS.get(cls, {}).items() if k in compiled},
         not_compiled=not_compiled,
         few_rows=few_rows,
         few_rows_why=few_rows_why,

@@ -1,0 +1,94 @@
+"""Where the compiled program beats the model, by batch size: the bundled float32 model and its
+``Compiled`` program (made to run every size, whatever the CPU's policy), on batches of random
+in-vocabulary ids without padding, rows x length from one short sentence to a few long ones,
+timed in alternating rounds in one process (``bertlab.bench.speed.alternate``). The policy's
+``cpu.COMPILED_TOKENS`` (the most positions a class's program takes, where it wins only on
+short inputs) is set from this table: the largest size whose ratio stays clearly below 1.
+
+Prints, for each size, both medians and the median over the rounds of the program's time over
+the model's. The record of a run is kept in benchmarks/compiled-sizes-<cpu class>.txt.
+
+    python benchmarks/harness/compiled_sizes.py [--sizes 1x8,1x16,...] [--threads 2]
+        [--rounds 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from dataclasses import replace
+
+import torch
+
+from bertlab import BertModel
+from bertlab.bench.speed import alternate, machine
+from bertlab.nn import cpu
+from bertlab.nn.compiled import Compiled
+
+SIZES = "1x8,1x16,1x21,1x32,1x48,1x64,2x32,1x96,3x32,1x128,4x32,8x32,32x24"
+CALL_SECONDS = 0.4  # each round of a size runs about this long: more calls for smaller sizes
+
+
+def parse_sizes(text: str) -> list[tuple[int, int]]:
+    sizes = []
+    for part in text.split(","):
+        rows, _, length = part.strip().partition("x")
+        if not (rows.isdigit() and length.isdigit()) or int(rows) < 1 or int(length) < 2:
+            raise ValueError(f"a size is ROWSxLENGTH, at least 1x2, got {part!r}")
+        sizes.append((int(rows), int(length)))
+    return sizes
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", default=SIZES, help=f"ROWSxLENGTH, comma-separated ({SIZES})")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=7)
+    args = p.parse_args(argv)
+    try:
+        sizes = parse_sizes(args.sizes)
+    except ValueError as e:
+        p.error(str(e))
+    if args.threads < 1 or args.rounds < 1:
+        p.error(f"--threads and --rounds must be at least 1, got {args.threads}, {args.rounds}")
+    if (why := Compiled.available()) is not None:
+        p.error(why)
+    torch.set_num_threads(args.threads)
+    model = BertModel.from_pretrained("default", add_pooling_layer=False).eval()
+    limit = model.config.max_position_embeddings
+    if too_long := [f"{r}x{n}" for r, n in sizes if n > limit]:
+        p.error(f"--sizes {', '.join(too_long)}: longer than the model's {limit} positions")
+    policy = cpu.current()
+    fast = Compiled(model) if "float32" in policy.compiled else None
+    if fast is None:  # this class's policy runs the model: the program is built all the same
+        cpu._CURRENT[:] = [replace(policy, compiled=frozenset({"float32"}), not_compiled={})]
+        fast = Compiled(model)
+        cpu.reset()
+    fast.max_tokens = None  # every size through the program
+    m = machine()
+    print(f"{m['cpu']}, class {policy.cpu_class}, {args.threads} threads, torch {m['torch']}: "
+          f"the bundled model, float32, {args.rounds} alternating rounds a size; the policy's "
+          f"cap here: {policy.compiled_tokens.get('float32', 'none')}")  # fmt: skip
+    g = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        for rows, length in sizes:
+            ids = torch.randint(1000, 20000, (rows, length), generator=g)
+            ids[:, 0], ids[:, -1] = 101, 102  # [CLS] ... [SEP]
+            inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+            fast(**inputs)  # (the program is built on the first call, and specialises nothing)
+            once = alternate({"model": lambda: model(**inputs)}, 3)["model"]  # noqa: B023
+            calls = max(3, int(CALL_SECONDS / statistics.median(once)))
+
+            def timed(run, inputs=inputs, calls=calls):
+                return lambda: [run(**inputs) for _ in range(calls)]
+
+            times = alternate({"model": timed(model), "compiled": timed(fast)}, args.rounds)
+            pairs = zip(times["compiled"], times["model"], strict=True)
+            ratio = statistics.median(c / e for c, e in pairs)
+            eager, program = (statistics.median(times[k]) / calls * 1e3 for k in times)
+            print(f"  {rows:>2} x {length:<3} ({rows * length:>4} positions)  model {eager:7.2f} "
+                  f"ms  compiled {program:7.2f} ms  {ratio:.3f}x", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
