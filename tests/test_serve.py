@@ -618,21 +618,33 @@ def test_sigterm_finishes_admitted_requests_then_exits(folders):
     import httpx
 
     port = _port()
-    proc = _start([f"mlm={folders['mlm']}", "--max-wait-ms", "300"], port)
+    # batches of one sequence: a request of 32 texts (the most a request may hold) is still
+    # being computed when the signal comes, once its first batch has run (seen in /metrics: on a
+    # busy machine the client can take longer than any fixed pause to reach the server)
+    proc = _start([f"mlm={folders['mlm']}", "--max-batch-sequences", "1"], port)
     try:
         result = {}
+        texts = [f"in flight {i}" for i in range(32)]
 
         def ask():
             result["r"] = httpx.post(
-                f"http://127.0.0.1:{port}/embed", json={"inputs": "in flight"}, timeout=30
+                f"http://127.0.0.1:{port}/embed", json={"inputs": texts}, timeout=60
             )
 
         t = threading.Thread(target=ask)
         t.start()
-        time.sleep(0.1)  # admitted, waiting for its batch (300 ms)
+        for _ in range(3000):
+            page = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+            if re.search(r'^bertlab_tokens_total\{model="mlm"\} [1-9]', page, re.M):
+                break
+            time.sleep(0.01)
+        else:
+            pytest.fail("the request's first batch never ran")
         proc.send_signal(signal.SIGTERM)
-        t.join(30)
-        assert result["r"].status_code == 200 and len(result["r"].json()[0]) == 64
+        t.join(60)
+        assert result["r"].status_code == 200, result["r"].text
+        assert len(result["r"].json()) == 32 and len(result["r"].json()[0]) == 64
+        assert 'bertlab_requests_total{route="embed",status="200"}' not in page  # (in flight)
         # uvicorn re-raises the signal once it has shut down: the conventional exit status.
         assert proc.wait(30) in (0, -signal.SIGTERM)
     finally:
