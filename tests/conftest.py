@@ -72,20 +72,23 @@ def pytest_configure(config):
 # free: the long ones start first and the many short ones, alphabetically after them, fill in
 # at the end, so the two workers finish close together. A file missing here only runs later.
 LONGEST = (
-    "test_compiled.py",  # 140
-    "test_tokenizer_parity.py",  # 115
-    "test_docs.py",  # 115
-    "test_export.py",  # 110
-    "test_cli.py",  # 96
-    "test_predict_ray.py",  # 80-100
-    "test_finetune.py",  # 75-90
+    "test_compiled.py",  # 120-140
+    "test_export.py",  # 110-117
+    "test_tokenizer_parity.py",  # 113-115
+    "test_docs.py",  # 110-115
+    "test_cli.py",  # 96-100
+    "test_predict_ray.py",  # 78-100
+    "test_serve.py",  # 60-76
+    "test_finetune.py",  # 72-90
     "test_serve_int8.py",  # 70
-    "test_serve.py",  # 60
-    "test_pretrain_elastic.py",  # 55
+    "test_pretrain_elastic.py",  # 55-59
     "test_explore_browser.py",  # 50-65
-    "test_transformers_compat.py",  # 46
-    "test_bench_runtimes.py",  # 38
-    "test_bench_precision.py",  # 30
+    "test_bench_runtimes.py",  # 38-41
+    "test_transformers_compat.py",  # 37-46
+    "test_pipeline_transformers_tasks.py",  # 32
+    "test_predict_corpus.py",  # 29
+    "test_precision.py",  # 27
+    "test_bench_precision.py",  # 26-30
 )
 
 
