@@ -48,16 +48,11 @@ def pytest_configure(config):
     at every parallel region. The processes a test starts (the command line, servers, torchrun,
     Ray's workers) get the same share through the environment, and so do the Rust tokenizers
     the parity tests compare against: a subprocess computing on every core beside the other
-    worker made that worker's tests up to three times slower. For the same reason inductor
-    compiles in the worker's own process (TORCHINDUCTOR_COMPILE_THREADS=1, read when inductor
-    loads) instead of starting a pool of compiling processes beside it in each worker: the
-    program is the same, and on the 2-core EPYC two of test_compiled's compiles took 62 s
-    instead of 71."""
+    worker made that worker's tests up to three times slower."""
     import os
 
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
     if workers > 1:
-        os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
         import torch
 
         share = max(1, (os.cpu_count() or 1) // workers)
