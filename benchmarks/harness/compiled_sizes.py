@@ -59,12 +59,13 @@ def main(argv: list[str] | None = None) -> None:
     if too_long := [f"{r}x{n}" for r, n in sizes if n > limit]:
         p.error(f"--sizes {', '.join(too_long)}: longer than the model's {limit} positions")
     policy = cpu.current()
-    fast = Compiled(model) if "float32" in policy.compiled else None
-    if fast is None:  # this class's policy runs the model: the program is built all the same
-        cpu._CURRENT[:] = [replace(policy, compiled=frozenset({"float32"}), not_compiled={})]
+    # the program at every size, whatever this class's policy says (its cap is printed below)
+    everywhere = {"compiled": frozenset({"float32"}), "not_compiled": {}, "compiled_tokens": {}}
+    cpu._CURRENT[:] = [replace(policy, **everywhere)]
+    try:
         fast = Compiled(model)
+    finally:
         cpu.reset()
-    fast.max_tokens = None  # every size through the program
     m = machine()
     print(f"{m['cpu']}, class {policy.cpu_class}, {args.threads} threads, torch {m['torch']}: "
           f"the bundled model, float32, {args.rounds} alternating rounds a size; the policy's "
