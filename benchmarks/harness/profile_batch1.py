@@ -83,7 +83,7 @@ def onnxruntime_profile(tok, threads: int, precision: str, batch: int) -> None:
     print(f"{batch} x {inputs['input_ids'].shape[1]} tokens: median {median:.2f} ms")
     total = sum(sum(v) for v in per_op.values())
     print(
-        f"{'operator type':>28}  {'share':>6}  {'us per sentence':>15}  {'calls per sentence':>18}"
+        f"{'operator type':>28}  {'share':>6}  {'us per run':>15}  {'calls per run':>18}"
     )
     for op, durations in sorted(per_op.items(), key=lambda kv: -sum(kv[1])):
         print(
