@@ -82,9 +82,7 @@ def onnxruntime_profile(tok, threads: int, precision: str, batch: int) -> None:
     median = statistics.median(times) * 1e3
     print(f"{batch} x {inputs['input_ids'].shape[1]} tokens: median {median:.2f} ms")
     total = sum(sum(v) for v in per_op.values())
-    print(
-        f"{'operator type':>28}  {'share':>6}  {'us per run':>15}  {'calls per run':>18}"
-    )
+    print(f"{'operator type':>28}  {'share':>6}  {'us per run':>15}  {'calls per run':>18}")
     for op, durations in sorted(per_op.items(), key=lambda kv: -sum(kv[1])):
         print(
             f"{op:>28}  {sum(durations) / total:6.1%}  {sum(durations) / 50:15.1f}  "
