@@ -618,36 +618,43 @@ def test_sigterm_finishes_admitted_requests_then_exits(folders):
     import httpx
 
     port = _port()
-    # batches of one sequence: a request of 32 texts (the most a request may hold) is computed
-    # one text after another. The signal comes once /metrics shows at least HELD of its rows
-    # still waiting (on a busy machine the client can take longer than any fixed pause to reach
-    # the server; on a fast one the tiny model answers a few rows between two polls): the
-    # request is in flight, with that many batches still to run
+    # batches of one sequence: requests of 32 texts (the most a request may hold) are computed
+    # one text after another. Eight of them are sent at once, 256 rows in all, so that the work
+    # outlasts the polls by a wide margin whatever the machine (on a busy one the polls of
+    # /metrics are slow, on a fast one the tiny model answers many rows between two). The signal
+    # comes once /metrics shows at least HELD rows still waiting: requests are in flight, with
+    # that many batches still to run
     proc = _start([f"mlm={folders['mlm']}", "--max-batch-sequences", "1"], port)
     try:
-        result = {}
-        texts = [f"in flight {i} " + "word " * 40 for i in range(32)]
-        held = 16
+        results = {}
+        requests, held = 8, 64
 
-        def ask():
-            result["r"] = httpx.post(
-                f"http://127.0.0.1:{port}/embed", json={"inputs": texts}, timeout=60
+        def ask(k):
+            texts = [f"in flight {k} {i} " + "word " * 40 for i in range(32)]
+            results[k] = httpx.post(
+                f"http://127.0.0.1:{port}/embed", json={"inputs": texts}, timeout=120
             )
 
-        t = threading.Thread(target=ask)
-        t.start()
+        threads = [threading.Thread(target=ask, args=(k,)) for k in range(requests)]
+        for t in threads:
+            t.start()
         waiting = re.compile(r'^bertlab_queue_depth\{model="mlm"\} (\d+)', re.M)
+        seen = []
         for _ in range(3000):
             page = httpx.get(f"http://127.0.0.1:{port}/metrics").text
-            if (m := waiting.search(page)) and int(m.group(1)) >= held:
+            seen.append(int(m.group(1)) if (m := waiting.search(page)) else None)
+            if seen[-1] is not None and seen[-1] >= held:
                 break
             time.sleep(0.001)
         else:
-            pytest.fail(f"the request never had {held} rows waiting")
+            pytest.fail(f"the requests never had {held} rows waiting; the polls saw {seen}")
         proc.send_signal(signal.SIGTERM)
-        t.join(60)
-        assert result["r"].status_code == 200, result["r"].text
-        assert len(result["r"].json()) == 32 and len(result["r"].json()[0]) == 64
+        for t in threads:
+            t.join(120)
+        assert sorted(results) == list(range(requests))
+        for r in results.values():
+            assert r.status_code == 200, r.text
+            assert len(r.json()) == 32 and len(r.json()[0]) == 64
         # uvicorn re-raises the signal once it has shut down: the conventional exit status.
         assert proc.wait(30) in (0, -signal.SIGTERM)
     finally:
