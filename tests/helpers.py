@@ -1,6 +1,16 @@
-"""Shared by the parity and packed-path tests."""
+"""Shared by the parity, packed-path and int8 tests."""
 
+import pytest
 import torch
+
+from bertlab.nn.precision import int8_supported
+
+# int8 runs where this machine has a kernel for it (bertlab.nn.cpu: x86 from AVX2 up). Elsewhere
+# (Arm, x86 without AVX2) a test that needs it skips, naming what the CPU lacks; the refusal
+# itself is tested on simulated feature sets.
+needs_int8 = pytest.mark.skipif(
+    int8_supported() is not None, reason=f"int8 does not run here: {int8_supported()}"
+)
 
 
 def scramble(model: torch.nn.Module, seed: int) -> torch.nn.Module:

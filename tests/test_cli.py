@@ -220,6 +220,32 @@ def test_bench_counts_below_one_are_refused_before_any_run(capsys, tmp_path, com
     assert "tokens/s" not in out and not out_file.exists()
 
 
+def test_bench_int8_where_the_cpu_has_no_int8_kernel(capsys, tmp_path, monkeypatch):
+    """A CPU without an int8 kernel (simulated: an x86 CPU without AVX2; Arm is refused the
+    same way): `bench int8` is refused before any work, naming what the CPU lacks, and the
+    suite reports int8 as not measured, for that reason, and runs the rest."""
+    import dataclasses
+    import json
+
+    from bertlab.bench import speed
+    from bertlab.nn import cpu
+
+    sse = dataclasses.replace(cpu.features(), arch="x86_64", flags=frozenset({"sse4_1"}))
+    monkeypatch.setattr(cpu, "_CURRENT", [cpu.policy(sse)])
+    out_file = tmp_path / "r.json"
+    code, out, err = run(capsys, "bench", "int8", "--out", str(out_file))
+    assert code == 2 and "int8 does not run on this CPU: the fbgemm-u8 kernel needs AVX2" in err
+    assert not out and not out_file.exists()
+    code, out, _ = run(
+        capsys, "bench", "speed", "tokenizer", "int8", "--repeats", "1", "--out", str(out_file)
+    )
+    assert code == 0 and "int8: not measured, it does not run on this CPU: the fbgemm" in out
+    report = json.loads(out_file.read_text())
+    assert report["tokenizer"]["tokens"] > 1000  # the rest of the suite ran
+    assert report["int8"]["unavailable"] == cpu.current().int8_why
+    assert "int8" in speed.SUITE  # the default suite, which such a CPU now runs without it
+
+
 def test_prepare_command_writes_a_corpus_the_dataset_reads(capsys, tmp_path):
     from pathlib import Path
 

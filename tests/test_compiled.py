@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import needs_int8
 
 from bertlab import (
     BertConfig,
@@ -248,6 +249,7 @@ def test_stale_weights_and_config_are_refused_and_one_program_serves_every_shape
         assert fast.calls["compiled"] == 6
 
 
+@needs_int8
 def test_int8_models_compile_within_int8_tolerance_of_their_eager_run():
     torch.manual_seed(3)
     model = BertModel(CFG).eval()

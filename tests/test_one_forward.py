@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import needs_int8
 from torch import nn
 
 from bertlab import BertConfig, BertForMaskedLM, BertModel
@@ -78,6 +79,7 @@ def test_inference_runs_the_layer_forward_in_every_kernel_and_dtype(kernel, dtyp
     assert layer_calls(inference(model, one, None)) == LAYERS
 
 
+@needs_int8
 def test_int8_runs_the_layer_forward():
     model, ids, mask = model_and_batch()
     q = quantize_int8(model, calibrate=[{"input_ids": ids, "attention_mask": mask}])

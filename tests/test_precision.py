@@ -5,6 +5,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from helpers import needs_int8
 from torch._inductor import config as inductor_config
 
 from bertlab import BertConfig, BertForSequenceClassification, BertModel
@@ -57,6 +58,7 @@ def test_bfloat16_inference_stays_close_to_float32():
     assert torch.nn.functional.cosine_similarity(got[real], want[real]).min() > 0.999
 
 
+@needs_int8
 def test_int8_quantisation_keeps_the_original_and_stays_close():
     torch.manual_seed(0)
     model = BertForSequenceClassification(CFG).eval()
@@ -73,6 +75,7 @@ def test_int8_quantisation_keeps_the_original_and_stays_close():
     assert (want - got).abs().max() < 0.05 * want.abs().max() + 1e-3
 
 
+@needs_int8
 def test_int8_layer_is_the_int8_product_of_per_token_and_per_channel_scales():
     g = torch.Generator().manual_seed(0)
     lin = torch.nn.Linear(16, 8)
@@ -90,6 +93,7 @@ def test_int8_layer_is_the_int8_product_of_per_token_and_per_channel_scales():
         torch.testing.assert_close(q(x[2:3]), q(x)[2:3], rtol=0, atol=0)
 
 
+@needs_int8
 @pytest.mark.parametrize("kernel", ["packed", "sdpa"])
 def test_int8_results_never_depend_on_the_rest_of_the_batch(kernel):
     torch.manual_seed(0)
@@ -131,6 +135,7 @@ def test_onednn_s8_takes_the_prepacked_kernel_above_few_rows_with_the_same_sums(
     assert calls == [few + 1, 3 * few + 5]  # the prepacked kernel ran above few rows only
 
 
+@needs_int8
 def test_int8_sequences_alone_equal_a_batch_past_few_rows():
     from bertlab.nn import precision
 
@@ -145,6 +150,7 @@ def test_int8_sequences_alone_equal_a_batch_past_few_rows():
             torch.testing.assert_close(alone, together[row], rtol=1e-5, atol=1e-5)
 
 
+@needs_int8
 def test_int8_products_of_the_seam_equal_its_modules(monkeypatch):
     from bertlab.nn import products
 
@@ -160,6 +166,7 @@ def test_int8_products_of_the_seam_equal_its_modules(monkeypatch):
     torch.testing.assert_close(lean, modules, rtol=1e-5, atol=1e-5)
 
 
+@needs_int8
 def test_int8_calibration_keeps_the_layers_past_the_tolerance():
     torch.manual_seed(0)
     model = BertModel(CFG).eval()
@@ -179,6 +186,7 @@ def test_int8_calibration_keeps_the_layers_past_the_tolerance():
     assert all(isinstance(q.get_submodule(n), Int8Linear) for n in q.int8_report["int8"])
 
 
+@needs_int8
 def test_smoothed_int8_layer_computes_x_over_s_times_w_s():
     g = torch.Generator().manual_seed(0)
     lin = torch.nn.Linear(16, 8)
@@ -212,6 +220,7 @@ def outlier_model():
     return model
 
 
+@needs_int8
 def test_calibrated_smoothing_lowers_the_int8_error_and_keeps_the_projections_one_product():
     model = outlier_model()
     ids, mask = batch()
@@ -236,6 +245,7 @@ def test_calibrated_smoothing_lowers_the_int8_error_and_keeps_the_projections_on
     assert (got[real] - want[real]).norm() < (worse[real] - want[real]).norm()
 
 
+@needs_int8
 def test_a_traced_int8_model_runs_its_attention_projections_as_one_product(tmp_path):
     """torch.compile (and torch.export) trace the module path, not the packed one: there the
     three projections sharing one smoothing are still one int8 product, and the traced graph's
@@ -272,6 +282,7 @@ def test_a_traced_int8_model_runs_its_attention_projections_as_one_product(tmp_p
     assert products == [4 * CFG.num_hidden_layers + pooler + 2]
 
 
+@needs_int8
 def test_smoothed_int8_products_of_the_seam_equal_its_modules_and_ignore_the_batch(monkeypatch):
     from bertlab.nn import products
 
@@ -298,6 +309,7 @@ def test_int8_refuses_what_it_cannot_run(monkeypatch):
         quantize_int8(model, smoothing_strength=0.5)
     # a CPU without AVX2 (the least any int8 kernel here needs), as bertlab.nn.cpu sees it
     old = cpu.features()
-    monkeypatch.setattr(cpu, "_CURRENT", [cpu.policy(replace(old, flags=frozenset({"sse4_1"})))])
+    sse = replace(old, arch="x86_64", flags=frozenset({"sse4_1"}))
+    monkeypatch.setattr(cpu, "_CURRENT", [cpu.policy(sse)])
     with pytest.raises(RuntimeError, match="int8 inference is not available: .*needs AVX2"):
         quantize_int8(model)

@@ -11,6 +11,7 @@ import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import needs_int8
 from torch import nn
 
 from bertlab import BertConfig, BertForMaskedLM, BertModel
@@ -475,6 +476,7 @@ def test_set_fast_inference_refuses_anything_but_a_bool():
         model.set_fast_inference("no")
 
 
+@needs_int8
 def test_int8_projections_that_share_their_smoothing_run_as_one_product(monkeypatch):
     model, ids, mask = _encoder_model(torch.float32)
     q = quantize_int8(model, calibrate=[{"input_ids": ids, "attention_mask": mask}])

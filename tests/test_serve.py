@@ -24,6 +24,7 @@ import torch
 
 pytest.importorskip("starlette", reason="the serve extra (starlette, uvicorn) runs the server")
 pytest.importorskip("httpx", reason="Starlette's test client needs httpx (a test extra)")
+from helpers import needs_int8  # noqa: E402
 from starlette.testclient import TestClient  # noqa: E402
 from tiny_models import texts as odd_texts  # noqa: E402
 from tiny_models import tiny as _tiny  # noqa: E402
@@ -851,7 +852,7 @@ def test_the_serving_process_keeps_freed_blocks_and_freezes_what_it_loaded(folde
     assert seen == ["keep", "load", ("listen", True, 8123)]
 
 
-@pytest.mark.parametrize("dtype", ["float32", "int8"])
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("int8", marks=needs_int8)])
 def test_the_request_profile_times_every_part_of_the_batch(dtype):
     """benchmarks/harness/profile_serve_batch.py splits a request's batch into its parts by
     timers around the encoder's calls: each part it names must be caught (a renamed function

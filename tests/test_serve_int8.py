@@ -13,6 +13,7 @@ import torch
 
 pytest.importorskip("starlette", reason="the serve extra (starlette, uvicorn) runs the server")
 pytest.importorskip("httpx", reason="Starlette's test client needs httpx (a test extra)")
+from helpers import needs_int8  # noqa: E402
 from starlette.testclient import TestClient  # noqa: E402
 
 import bertlab  # noqa: E402
@@ -20,7 +21,7 @@ from bertlab.data import sample_sentences  # noqa: E402
 from bertlab.files import resolve_model_dir  # noqa: E402
 from bertlab.nn import cpu  # noqa: E402
 from bertlab.nn.compiled import PADDING_LIMIT, Compiled  # noqa: E402
-from bertlab.nn.precision import int8_supported, quantize_int8, text_batches  # noqa: E402
+from bertlab.nn.precision import quantize_int8, text_batches  # noqa: E402
 from bertlab.pipelines import pipeline  # noqa: E402
 from bertlab.serve import ServeConfig, Server  # noqa: E402
 from bertlab.serve import engine as engine_module  # noqa: E402
@@ -28,7 +29,6 @@ from bertlab.serve.engine import Row, ServedModel, calibration_texts  # noqa: E4
 
 DEFAULT = resolve_model_dir("default")
 TEXTS = ["Ann lives in Paris.", "A warm, funny film.", "Stocks fell sharply on Monday in Tokyo"]
-needs_int8 = pytest.mark.skipif(int8_supported() is not None, reason=f"{int8_supported()}")
 needs_compiler = pytest.mark.skipif(
     Compiled.available() is not None, reason=f"cannot compile here: {Compiled.available()}"
 )
@@ -169,6 +169,10 @@ def test_wrong_int8_and_compile_settings_are_refused_before_any_model_loads(tmp_
         ValueError, match="dtype must be one of float32, bfloat16, int8, got 'int4'"
     ):
         ServeConfig(models=[("m", DEFAULT)], dtype="int4")
+
+
+@needs_int8  # (elsewhere the precision itself is refused first: the test below)
+def test_a_calibration_file_that_cannot_serve_is_refused_before_any_model_loads(tmp_path):
     missing = tmp_path / "missing.txt"
     with pytest.raises(ValueError, match=f"calibration file '{missing}': No such file"):
         Server(ServeConfig(models=[("m", DEFAULT)], dtype="int8", calibration=missing))
@@ -182,6 +186,17 @@ def test_wrong_int8_and_compile_settings_are_refused_before_any_model_loads(tmp_
     binary.write_bytes(b"\xff\xfe" * 40)
     with pytest.raises(ValueError, match="is not UTF-8 text"):
         Server(ServeConfig(models=[("m", DEFAULT)], dtype="int8", calibration=binary))
+
+
+def test_int8_on_a_cpu_without_an_int8_kernel_is_refused_naming_what_it_lacks(monkeypatch):
+    # an x86 CPU without AVX2, as bertlab.nn.cpu sees it (Arm is refused the same way)
+    sse = replace(cpu.features(), arch="x86_64", flags=frozenset({"sse4_1"}))
+    monkeypatch.setattr(cpu, "_CURRENT", [cpu.policy(sse)])
+    loaded = []
+    monkeypatch.setattr(engine_module, "ServedModel", lambda *a, **k: loaded.append(a))
+    with pytest.raises(ValueError, match="dtype int8 cannot run on this CPU: .*needs AVX2"):
+        Server(ServeConfig(models=[("m", DEFAULT)], dtype="int8"))
+    assert loaded == []
 
 
 def test_compile_without_a_compiler_is_refused_with_the_reason(monkeypatch):
@@ -219,6 +234,8 @@ def test_the_readme_int8_command_is_one_the_server_takes(monkeypatch):
     assert argv[0] == "bertlab"
     taken = []
     monkeypatch.setattr("bertlab.serve.run", lambda config, **kw: taken.append((config, kw)))
+    # the line is checked on any CPU: as one with an int8 kernel, which the server would use
+    monkeypatch.setattr(engine_module, "int8_supported", lambda: None)
     monkeypatch.setattr(serve_cli.socket, "socket", _FreePort)
     args = build_parser().parse_args(argv[1:])
     assert args.func(args) == 0

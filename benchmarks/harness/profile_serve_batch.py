@@ -48,17 +48,24 @@ from bertlab.nn.precision import CALIBRATION
 from bertlab.serve.engine import MIN_CALIBRATION, ServedModel, calibration_texts
 
 spent: dict[str, float] = collections.defaultdict(float)  # part -> seconds, summed
+inside: list[str] = []  # the timed part now running, if any
 
 
 def timed(name: Callable[..., str], fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` with its wall time added to spent[name(*args, **kw)]."""
+    """``fn`` with its wall time added to spent[name(*args, **kw)]; a timed part called from
+    inside another is the outer part's time only (on the module route, for one, the attention
+    projections are three seam.linear calls inside seam.projections), so no time counts twice."""
 
     def call(*args: Any, **kw: Any) -> Any:
+        if inside:
+            return fn(*args, **kw)
+        inside.append("")
         start = time.perf_counter()
         try:
             return fn(*args, **kw)
         finally:
             spent[name(*args, **kw)] += time.perf_counter() - start
+            inside.pop()
 
     return call
 

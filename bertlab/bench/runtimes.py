@@ -130,10 +130,12 @@ def bertlab_runner(model_dir: Path, precision: str, compiled: bool = False) -> R
     from bertlab.nn import cpu
     from bertlab.nn.compiled import Compiled
     from bertlab.nn.model import BertModel
-    from bertlab.nn.precision import bf16_supported, quantize_int8
+    from bertlab.nn.precision import bf16_supported, int8_supported, quantize_int8
 
     if compiled and (why := Compiled.available()) is not None:
         raise Unavailable(why)
+    if precision == "int8" and (why := int8_supported()) is not None:
+        raise Unavailable(why)  # (Arm, x86 without AVX2: the kernel's missing feature named)
     full = {"fp32": "float32", "bf16": "bfloat16"}.get(precision, precision)
     if compiled and (why := cpu.current().not_compiled.get(full)) is not None:
         raise Unavailable(f"Compiled runs the {full} model itself on this CPU: {why}")

@@ -69,6 +69,8 @@ def format_tokenizer(r: dict[str, Any]) -> str:
 
 
 def format_int8(r: dict[str, Any]) -> str:
+    if "unavailable" in r:
+        return f"int8: not measured, it does not run on this CPU: {r['unavailable']}"
     return (
         f"int8 ({r['model']}, {r['texts']} texts): {r['speedup_over_float32']:.2f}x float32's "
         f"speed; embeddings' cosine to float32 mean {r['cosine_to_float32']['mean']:.3f} "

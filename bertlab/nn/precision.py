@@ -419,9 +419,6 @@ def quantize_int8(
     The copy's ``int8_report`` says which layers run in int8, which were smoothed, which were
     kept and why, and what always stays in higher precision. Refused, by name, where this
     machine cannot run the int8 kernels or the model is not on the CPU."""
-    why = int8_supported()
-    if why is not None:
-        raise RuntimeError(f"int8 inference is not available: {why}")
     first = next(model.parameters(), None)
     if first is not None and first.device.type != "cpu":
         raise ValueError(
@@ -443,6 +440,9 @@ def quantize_int8(
             f"smoothing_strength={smoothing_strength} needs calibrate= batches: the smoothing is "
             "measured on them"
         )
+    why = int8_supported()  # (after the arguments: those are wrong on every machine)
+    if why is not None:
+        raise RuntimeError(f"int8 inference is not available: {why}")
     patterns = [re.compile(k) for k in keep]
     q = copy.deepcopy(model).float().eval()
     errors: dict[str, float] = {}

@@ -48,7 +48,7 @@ from bertlab.nn.compiled import Compiled
 from bertlab.nn.config import BertConfig
 from bertlab.nn.heads import HEADS, head_of
 from bertlab.nn.packing import window_order
-from bertlab.nn.precision import CALIBRATION, quantize_int8, text_batches
+from bertlab.nn.precision import CALIBRATION, int8_supported, quantize_int8, text_batches
 from bertlab.pipelines.base import load_model
 from bertlab.pipelines.front import (
     HEADED,
@@ -132,6 +132,8 @@ def check_precision(dtype: str, compile: bool) -> None:
             f"compile serves {' and '.join(COMPILED_DTYPES)}; in {dtype} the packed batch is the "
             "faster path"
         )
+    if dtype == "int8" and (why := int8_supported()) is not None:  # before any model loads
+        raise ValueError(f"dtype int8 cannot run on this CPU: {why}")
 
 
 MIN_CALIBRATION = 8  # texts: the fewest an int8 calibration reads
