@@ -399,7 +399,14 @@ def test_a_time_budget_plans_the_schedule_and_trains_a_model(tmp_path):
     assert r["steps"] <= r["planned_steps"] < epochs  # the budget, not the epochs, set the plan
     assert max(lrs) == pytest.approx(config.lr, rel=0.1)  # warm-up ended: the peak was reached
     assert lrs.index(max(lrs)) < len(lrs) // 2  # a share of the planned steps, not of 10 epochs
-    assert lrs[-1] <= 0.05 * max(lrs)  # decayed to about zero at the end
+    peak = lrs.index(max(lrs))
+    after = lrs[peak:]
+    assert all(a > b for a, b in zip(after, after[1:], strict=False))  # then decays, every step
+    # decayed to about zero at the end of the plan; on a machine busy with other work the steps
+    # can slow after the plan was made, and the budget then stops the run before that end
+    # (no step starts that would overrun it)
+    if r["steps"] == r["planned_steps"]:
+        assert lrs[-1] <= 0.05 * max(lrs)
     assert r["seconds"] <= r["wall_seconds"] and r["eval_seconds"] > 0
     if r["steps"] < 40:  # the schedule is checked above; the accuracy needs more steps
         pytest.skip(
