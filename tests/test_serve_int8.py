@@ -194,7 +194,7 @@ def test_int8_on_a_cpu_without_an_int8_kernel_is_refused_naming_what_it_lacks(mo
     monkeypatch.setattr(cpu, "_CURRENT", [cpu.policy(sse)])
     loaded = []
     monkeypatch.setattr(engine_module, "ServedModel", lambda *a, **k: loaded.append(a))
-    with pytest.raises(ValueError, match="dtype int8 cannot run on this CPU: .*needs AVX2"):
+    with pytest.raises(ValueError, match="dtype int8 cannot run here: .*needs AVX2"):
         Server(ServeConfig(models=[("m", DEFAULT)], dtype="int8"))
     assert loaded == []
 

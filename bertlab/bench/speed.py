@@ -561,13 +561,13 @@ def run_suite(
             r = bench_tokenizer(folder, texts, repeats=repeats)
             report["tokenizer"] = {"data": origin, **r}
             done("tokenizer", report["tokenizer"])
-        if "int8" in workloads and int8_why is not None:
-            report["int8"] = {"model": folder, "unavailable": int8_why}
-            done("int8", report["int8"])
-        elif "int8" in workloads:
-            sample = list(dict.fromkeys(texts))[:1000]
-            r = bench_int8(folder, sample, repeats=repeats)
-            report["int8"] = {"model": folder, "data": origin, **r}
+        if "int8" in workloads:
+            if int8_why is not None:
+                report["int8"] = {"model": folder, "unavailable": int8_why}
+            else:
+                sample = list(dict.fromkeys(texts))[:1000]
+                r = bench_int8(folder, sample, repeats=repeats)
+                report["int8"] = {"model": folder, "data": origin, **r}
             done("int8", report["int8"])
         for model in models:
             for workload in (w for w in workloads if w in WORKLOADS):

@@ -133,7 +133,7 @@ def check_precision(dtype: str, compile: bool) -> None:
             "faster path"
         )
     if dtype == "int8" and (why := int8_supported()) is not None:  # before any model loads
-        raise ValueError(f"dtype int8 cannot run on this CPU: {why}")
+        raise ValueError(f"dtype int8 cannot run here: {why}")  # (as bench serve says)
 
 
 MIN_CALIBRATION = 8  # texts: the fewest an int8 calibration reads
