@@ -142,7 +142,11 @@ def test_every_way_of_the_small_products_harness_computes_the_same_products():
     ways = small.chains(rows=3, pad=5, threads=1)
     reference = ways["pytorch"]()
     assert [tuple(y.shape) for y in reference[:4]] == [(3, 1152), (3, 384), (3, 1536), (3, 384)]
-    for name in ("onednn", "onednn-exact", "mkl-few-rows", "mkl-packed", "mkl-packed-pad"):
+    names = ["onednn", "onednn-exact", "mkl-few-rows", "mkl-packed", "mkl-packed-pad"]
+    from bertlab.nn import sgemm
+
+    assert ("sgemm-avx2" in ways) == (sgemm.load() is None)  # where the kernel runs here
+    for name in names + [n for n in ("sgemm-avx2",) if n in ways]:
         got = ways[name]()
         assert len(got) == len(reference) == 24, name
         for y, ref in zip(got, reference, strict=True):

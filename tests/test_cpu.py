@@ -208,6 +208,70 @@ def test_the_few_rows_kernel_can_be_forced_and_one_that_cannot_run_is_refused_by
         cpu.policy(CLASSES["arm"][0], environ={"BERTLAB_FEW_ROWS": "onednn"})
 
 
+@pytest.mark.parametrize("cls", list(CLASSES))
+def test_the_float32_kernel_is_sgemm_on_amds_avx2_cpus_and_onednn_elsewhere(cls):
+    """bertlab's AVX2 kernel where it was measured faster (AMD, class avx2), oneDNN on the
+    other classes that take oneDNN's route (saying why), none where float32 takes PyTorch's
+    own kernels; Compiled's float32 cap follows (its program does not call the kernel)."""
+    for vendor in ("AuthenticAMD", "GenuineIntel", ""):
+        p = cpu.policy(replace(CLASSES[cls][0], vendor=vendor), environ={})
+        described = p.describe()
+        assert described["float32_kernel"] == p.float32_kernel and p.float32_kernel_why
+        if p.products.get(F32) != "onednn":
+            assert p.float32_kernel is None and "PyTorch's own kernels" in p.float32_kernel_why
+        elif cls == "avx2" and vendor == "AuthenticAMD":
+            assert p.float32_kernel == "sgemm-avx2" and p.compiled_tokens == {"float32": 8}
+        else:
+            assert p.float32_kernel == "onednn"
+            assert (vendor or "unknown vendor") in p.float32_kernel_why or cls != "avx2"
+            assert p.compiled_tokens == ({"float32": 48} if cls == "avx2" else {})
+
+
+def test_the_float32_kernel_can_be_forced_and_one_the_cpu_lacks_is_refused_by_name():
+    amd = replace(CLASSES["avx2"][0], vendor="AuthenticAMD")
+    forced = cpu.policy(amd, environ={"BERTLAB_FLOAT32_KERNEL": " oneDNN "})
+    assert forced.float32_kernel == "onednn" and forced.compiled_tokens == {"float32": 48}
+    assert forced.float32_kernel_why == "forced by BERTLAB_FLOAT32_KERNEL=onednn"
+    intel = cpu.policy(replace(amd, vendor="GenuineIntel"),
+                       environ={"BERTLAB_FLOAT32_KERNEL": "sgemm-avx2"})  # fmt: skip
+    assert intel.float32_kernel == "sgemm-avx2"
+    assert cpu.policy(amd, environ={"BERTLAB_FLOAT32_KERNEL": "auto"}).float32_kernel == (
+        "sgemm-avx2"
+    )
+    with pytest.raises(ValueError, match="BERTLAB_FLOAT32_KERNEL=mlas is not a kernel; choose "):
+        cpu.policy(amd, environ={"BERTLAB_FLOAT32_KERNEL": "mlas"})
+    for cls, missing in (("x86", r"needs AVX2 and FMA, which this CPU \(x86\)"),
+                         ("arm", "needs an x86 CPU; this one is aarch64")):  # fmt: skip
+        with pytest.raises(ValueError, match=f"BERTLAB_FLOAT32_KERNEL=sgemm-avx2: .*{missing}"):
+            cpu.policy(CLASSES[cls][0], environ={"BERTLAB_FLOAT32_KERNEL": "sgemm-avx2"})
+    # forcing oneDNN where float32 takes PyTorch's kernels asks for nothing that is missing
+    assert cpu.policy(CLASSES["arm"][0], environ={"BERTLAB_FLOAT32_KERNEL": "onednn"}) \
+        .float32_kernel is None  # fmt: skip
+
+
+def test_features_read_inside_a_trace_are_not_kept(monkeypatch):
+    """torch.export turns oneDNN off while it traces: a policy first read there (a model
+    exported before any eager call) must not stay the process's, or every later eager product
+    would leave oneDNN's route."""
+    monkeypatch.setattr(cpu, "_FEATURES", [])
+    monkeypatch.setattr(cpu, "_CURRENT", [])
+    model = BertModel(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1,
+                                 num_attention_heads=2, intermediate_size=32)).eval()  # fmt: skip
+    seen = []
+    real = cpu.read_features
+
+    def spy():
+        seen.append(torch.compiler.is_compiling())
+        return real()
+
+    monkeypatch.setattr(cpu, "read_features", spy)
+    torch.export.export(model, (), {"input_ids": torch.tensor([[1, 5, 2]])})
+    assert True in seen  # the policy was read inside the trace
+    assert not cpu._FEATURES and not cpu._CURRENT  # and not kept
+    assert cpu.current().products == cpu.policy(real()).products
+    assert cpu._FEATURES and seen[-1] is False
+
+
 @pytest.mark.parametrize(
     ("environ", "allowed", "removed"),
     [
@@ -246,7 +310,7 @@ def test_the_avx2_limits_make_any_x86_cpu_class_avx2():
 
 def test_features_are_read_from_the_environment(monkeypatch):
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
-    f = cpu.features.__wrapped__()  # (the cached features of this process stay as they are)
+    f = cpu.read_features()  # (the cached features of this process stay as they are)
     assert "ONEDNN_MAX_CPU_ISA=AVX2" in f.limits
     if f.x86:
         assert not f.flags & {"avx512_f", "avx_vnni", "amx_int8"}
@@ -376,7 +440,8 @@ def test_int8_on_the_avx2_kernels_keeps_the_bundled_models_embeddings():
     avx2, int8 runs on fbgemm's u8 kernel with 7-bit activations (and on oneDNN's), and the mean
     embedding cosine to float32 on real SST-2 sentences meets the issue's bar of 0.995;
     bfloat16 runs its products in float32, saying so once; Compiled runs float32 batches of at
-    most 48 positions as its program, and a larger one as the model."""
+    most 48 positions as its program (8 where the float32 products run on sgemm-avx2), and a
+    larger one as the model."""
     env = {**os.environ, **AVX2_ENV}
     env.pop("BERTLAB_INT8_KERNEL", None)
     done = subprocess.run(
@@ -402,5 +467,7 @@ def test_int8_on_the_avx2_kernels_keeps_the_bundled_models_embeddings():
         assert out["no_compiler"]
     else:
         assert out["compiled"]["calls"] == {"compiled": 0, "eager": 1}
-        assert out["compiled"]["why_eager"] is None and out["compiled"]["max_tokens"] == 48
+        # at most 48 positions, or 8 where the model's float32 products run on sgemm-avx2 (AMD)
+        cap = 8 if policy["float32_kernel"] == "sgemm-avx2" else 48
+        assert out["compiled"]["why_eager"] is None and out["compiled"]["max_tokens"] == cap
     assert not any("Compiled runs the float32 model itself" in w for w in out["warnings"])

@@ -15,7 +15,7 @@ from helpers import needs_int8
 from torch import nn
 
 from bertlab import BertConfig, BertForMaskedLM, BertModel
-from bertlab.nn import cpu, products
+from bertlab.nn import cpu, products, sgemm
 from bertlab.nn.model import BertLayer
 from bertlab.nn.packing import round_rows
 from bertlab.nn.precision import quantize_int8
@@ -75,14 +75,37 @@ def spy_mkl(monkeypatch):
     return calls
 
 
+def spy_sgemm(monkeypatch):
+    calls = []
+    real = sgemm.product
+    monkeypatch.setattr(sgemm, "product", lambda *a: calls.append(a) or real(*a))
+    return calls
+
+
 def few_rows_on(monkeypatch, kernel):
-    """The policy's kernel for float32 products of few rows, for this test."""
-    monkeypatch.setattr(cpu, "_CURRENT", [dataclasses.replace(cpu.current(), few_rows=kernel)])
+    """The policy's kernel for float32 products, for this test: "onednn" (every row count),
+    "mkl" (few rows on MKL's, more on oneDNN's) or "sgemm-avx2" (every row count)."""
+    policy = cpu.current()
+    if kernel == "sgemm-avx2":
+        policy = dataclasses.replace(policy, float32_kernel=kernel, few_rows="onednn")
+    else:
+        policy = dataclasses.replace(policy, float32_kernel="onednn", few_rows=kernel)
+    monkeypatch.setattr(cpu, "_CURRENT", [policy])
 
 
+def spy_kernel(monkeypatch, kernel):
+    spy = {"mkl": spy_mkl, "onednn": spy_onednn, "sgemm-avx2": spy_sgemm}[kernel]
+    return spy(monkeypatch)
+
+
+needs_sgemm = pytest.mark.skipif(
+    not products._onednn_here() or sgemm.load() is not None,
+    reason=f"the sgemm-avx2 kernel does not run here: {sgemm.load() or 'no oneDNN route'}",
+)
 FEW_ROWS = [
     "onednn",
     pytest.param("mkl", marks=needs_mkl),
+    pytest.param("sgemm-avx2", marks=needs_sgemm),
 ]
 
 
@@ -123,7 +146,7 @@ def test_float32_routes_compute_the_layer_to_float32_rounding(few_rows, monkeypa
     layer, x = layer_and_input(n_in=384, n_out=512, shape=(5, 9), dtype=torch.float32)
     other = torch.randn(5, 9, 512)
     few_rows_on(monkeypatch, few_rows)
-    calls = (spy_mkl if few_rows == "mkl" else spy_onednn)(monkeypatch)
+    calls = spy_kernel(monkeypatch, few_rows)
     with torch.inference_mode():
         for got, want in [
             (products.linear(layer, x), layer(x)),
@@ -230,6 +253,7 @@ def test_round_rows_adds_at_most_a_sixteenth_or_7_rows_and_makes_few_shapes():
 def test_spare_rows_never_reach_an_output(monkeypatch):
     """A packed bfloat16 batch runs with spare rows past its last token (oneDNN meets fewer
     shapes); the outputs, hidden states and [CLS] vectors are those of the run without."""
+    few_rows_on(monkeypatch, "onednn")
     model, ids, mask = _ffn_model(torch.bfloat16)  # 33 + 40 + 5 = 78 tokens, as 80 rows
     assert round_rows(78) > 78
     seen = []
@@ -247,6 +271,21 @@ def test_spare_rows_never_reach_an_output(monkeypatch):
     torch.testing.assert_close(got.pooler_output, want.pooler_output, rtol=0, atol=0)
     for g, w in zip(got.hidden_states, want.hidden_states, strict=True):
         torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
+@needs_sgemm
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_no_spare_rows_where_the_products_run_on_sgemm(dtype, monkeypatch):
+    """sgemm-avx2 builds nothing per shape, so a packed batch runs its own rows only (a spare
+    row would be arithmetic for nothing), in float32 and in bfloat16's float32 route."""
+    few_rows_on(monkeypatch, "sgemm-avx2")
+    calls = spy_sgemm(monkeypatch)
+    model, ids, mask = _ffn_model(dtype)
+    seen = []
+    monkeypatch.setattr(torch.nn.functional, "layer_norm", _spy(F.layer_norm, seen))
+    with torch.inference_mode():
+        model(ids, mask)
+    assert [t.shape[0] for t in seen] == [78] * 5 and len(calls) == 4 * 2
 
 
 def _spy(fn, seen):
@@ -382,7 +421,7 @@ def test_packed_weights_follow_every_change_of_the_weights(few_rows, monkeypatch
     (a fused one moves no version counter): the next call computes with the weights as they
     are now, never a stale packed copy (oneDNN's, or MKL's for few rows)."""
     few_rows_on(monkeypatch, few_rows)
-    calls = (spy_mkl if few_rows == "mkl" else spy_onednn)(monkeypatch)
+    calls = spy_kernel(monkeypatch, few_rows)
     model, ids, mask = _encoder_model(torch.float32)
     plain, _, _ = _encoder_model(torch.float32)
     plain.set_fast_inference(False)

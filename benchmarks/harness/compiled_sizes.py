@@ -5,6 +5,9 @@ timed in alternating rounds in one process (``bertlab.bench.speed.alternate``). 
 ``cpu.COMPILED_TOKENS`` (the most positions a class's program takes, where it wins only on
 short inputs) is set from this table: the largest size whose ratio stays clearly below 1.
 
+The model's float32 products run on the policy's kernel (``BERTLAB_FLOAT32_KERNEL`` chooses
+another: the program's own are oneDNN's either way).
+
 Prints, for each size, both medians and the median over the rounds of the program's time over
 the model's. The record of a run is kept in benchmarks/compiled-sizes-<cpu class>.txt.
 
@@ -68,8 +71,9 @@ def main(argv: list[str] | None = None) -> None:
         cpu.reset()
     m = machine()
     print(f"{m['cpu']}, class {policy.cpu_class}, {args.threads} threads, torch {m['torch']}: "
-          f"the bundled model, float32, {args.rounds} alternating rounds a size; the policy's "
-          f"cap here: {policy.compiled_tokens.get('float32', 'none')}")  # fmt: skip
+          f"the bundled model, float32 (its products on {policy.float32_kernel}), "
+          f"{args.rounds} alternating rounds a size; the policy's cap here: "
+          f"{policy.compiled_tokens.get('float32', 'none')}")  # fmt: skip
     g = torch.Generator().manual_seed(0)
     with torch.inference_mode():
         for rows, length in sizes:

@@ -1,7 +1,7 @@
-"""What the paired harnesses share (few_rows.py, int8_rows.py, int8_kernels.py): their
-arguments, checked before any work, their set-up, a policy swapped in while one system runs, and
-the timed rounds of each workload with their printout. Imported by those scripts from this
-folder (a script's own folder is on Python's path when it runs)."""
+"""What the paired harnesses share (few_rows.py, float32_kernels.py, int8_rows.py, int8_kernels.py):
+their arguments, checked before any work, their set-up, a policy swapped in while one system
+runs, and the timed rounds of each workload with their printout. Imported by those scripts from
+this folder (a script's own folder is on Python's path when it runs)."""
 
 from __future__ import annotations
 

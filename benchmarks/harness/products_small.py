@@ -13,6 +13,8 @@ stop spinning), so the machine's drift falls on every way alike:
                      FEW_ROWS rows on Intel CPUs)
     onednn-exact     the same, reordered for exactly --rows rows
     onednn-1-thread  bertlab's route on one thread (how much of the time the second one saves)
+    sgemm-avx2       bertlab's AVX2 kernel (bertlab.nn.sgemm) on its packed panels, where it
+                     runs here (bertlab's route for float32 products on AMD's AVX2 CPUs)
     mkl-packed       MKL's packed product (torch.ops.mkl._mkl_linear), packed for exactly --rows
     mkl-packed-pad   the same packed for --pad rows, the input padded to them (PyTorch's operator
                      computes on the packed copy when told the count it was packed for, on the
@@ -39,6 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from bertlab.bench.speed import alternate, machine
+from bertlab.nn import sgemm
 from bertlab.nn.products import MKL_PACK_ROWS, PACK_ROWS
 
 SHAPES = [(384, 1152), (384, 384), (384, 1536), (1536, 384)] * 6  # (in, out), layer by layer
@@ -87,6 +90,13 @@ def chains(
             F.linear(x[k], w, b) for (k, _), (w, b) in zip(SHAPES, weights, strict=True)
         ],
     }
+    if (why := sgemm.load()) is None:
+        panels = [(sgemm.pack(w), b) for w, b in weights]
+        ways["sgemm-avx2"] = lambda: [
+            sgemm.product(x[k], p, b, n) for (k, n), (p, b) in zip(SHAPES, panels, strict=True)
+        ]
+    else:
+        print(f"sgemm-avx2: not run ({why})")
     ort = onnxruntime_chain(weights, x, threads)
     if ort is not None:
         ways["onnxruntime"] = ort

@@ -15,7 +15,7 @@ instruction; what was measured where, natively or on a simulation: docs/performa
     avx512-vnni  Cascade Lake, Ice Lake         oneDNN | in float32            onednn-s8 (VNNI)
     avx512       Skylake-SP                     oneDNN | in float32            fbgemm-u8, 7 bits
     avx2-vnni    Alder Lake and later clients   oneDNN | in float32            onednn-u8, 8 bits
-    avx2         EPYC Zen 2 and 3, Haswell on   oneDNN | in float32            fbgemm-u8, 7 bits
+    avx2         EPYC Zen 2 and 3, Haswell on   sgemm* | in float32            fbgemm-u8, 7 bits
     x86          x86 without AVX2               PyTorch's | in float32         none (needs AVX2)
     arm          Graviton, Apple, Ampere        PyTorch's | PyTorch's (BF16)   none
                                                 or in float32 (no BF16)
@@ -28,6 +28,15 @@ instruction; what was measured where, natively or on a simulation: docs/performa
   emulate those instructions there, several times slower than float32. bfloat16 is never
   refused: it runs, and warns once a process that its products run in float32.
   "PyTorch's": the module route, PyTorch's own kernels (on Arm, its NEON/SVE ones).
+  "sgemm*": on AMD CPUs of the class, bertlab's own AVX2 kernel (below); on Intel's, oneDNN.
+* **float32 kernel** (``Policy.float32_kernel``): the oneDNN route's float32 products (and a
+  bfloat16 model's, computed in float32) run on ``sgemm-avx2``, bertlab's AVX2 kernel
+  (sgemm.py, sgemm_avx2.c), on AMD CPUs of the avx2 class, where oneDNN's took 1.4x its time at
+  batch 1 (docs/performance.md), and on oneDNN everywhere else: the AVX-512 and AMX classes have
+  wider kernels in oneDNN, and Intel's AVX2 CPUs were not measured with it. The kernel is
+  compiled at its first product; where it cannot be (no C compiler), products.py warns once
+  and the products stay on oneDNN. ``BERTLAB_FLOAT32_KERNEL`` (``auto``, ``sgemm-avx2`` or
+  ``onednn``) forces one; one that cannot run here is refused by name.
 * **few rows** (``Policy.few_rows``): a float32 product of at most products.FEW_ROWS rows (one
   short sentence, a handful of them) reads its whole weight for little arithmetic, and MKL's
   packed product does that faster than oneDNN's on Intel CPUs (docs/performance.md). There,
@@ -59,10 +68,11 @@ instruction; what was measured where, natively or on a simulation: docs/performa
   class: those where it was measured faster than the model (amx and avx512-bf16: float32,
   bfloat16 and int8 on onednn-s8; avx2: float32 on batches of at most 48 positions, rows times
   length, ``COMPILED_TOKENS``, where it saves the Python between short products and loses on
-  larger ones). Elsewhere (int8 on the u8 kernels, which a compiled program
-  cannot call; bfloat16 without bfloat16 instructions; every precision on classes where it was
-  measured no faster, or not measured) ``Compiled`` calls the model itself, and says why
-  (``Policy.not_compiled``).
+  larger ones; at most 8 where the model's float32 products run on sgemm-avx2, which the
+  program does not call: ``COMPILED_TOKENS_SGEMM``). Elsewhere (int8 on the u8 kernels, which a
+  compiled program cannot call; bfloat16 without bfloat16 instructions; every precision on
+  classes where it was measured no faster, or not measured) ``Compiled`` calls the model
+  itself, and says why (``Policy.not_compiled``).
 
 Limits. The math libraries each take a limit on the instruction sets they use:
 ``ONEDNN_MAX_CPU_ISA`` (oneDNN), ``ATEN_CPU_CAPABILITY`` (PyTorch's own kernels and
@@ -75,7 +85,6 @@ MKL_ENABLE_INSTRUCTIONS=AVX2``), as tests/test_cpu.py does.
 
 from __future__ import annotations
 
-import functools
 import os
 import platform
 from dataclasses import dataclass, field
@@ -230,9 +239,23 @@ def _limits(environ: dict[str, str] | os._Environ) -> tuple[tuple[str, ...], fro
     return tuple(named), frozenset(allowed)
 
 
-@functools.cache
 def features() -> Features:
-    """This CPU's features, narrowed by the libraries' limits (module docstring). Read once."""
+    """This CPU's features, narrowed by the libraries' limits (module docstring). Read once, and
+    never kept from inside a trace: torch.export and torch.compile turn oneDNN off while they
+    trace, so features read there would lack it for the rest of the process."""
+    if _FEATURES:
+        return _FEATURES[0]
+    found = read_features()
+    if not torch.compiler.is_compiling():
+        _FEATURES.append(found)
+    return found
+
+
+_FEATURES: list[Features] = []
+
+
+def read_features() -> Features:
+    """This CPU's features as the libraries see them now (``features`` keeps them)."""
     model, flags, vendor = _hardware_flags()
     arch = platform.machine().lower()
     limits, allowed = _limits(os.environ)
@@ -288,6 +311,10 @@ COMPILED = {
 # (benchmarks/compiled-sizes-epyc-avx2.txt): the same oneDNN products with less Python between
 # them, which counts only while the products are small
 COMPILED_TOKENS = {"avx2": {"float32": 48}}
+# the same where the model's float32 products run on sgemm-avx2: the program (on oneDNN's
+# products) took 0.82x the model's time at 8 positions, 0.97-1.00x from 16 to 32 and 1.09-1.35x
+# from 48 up (benchmarks/compiled-sizes-epyc-avx2.txt, its sgemm-avx2 run)
+COMPILED_TOKENS_SGEMM = {"avx2": {"float32": 8}}
 
 
 @dataclass(frozen=True)
@@ -313,6 +340,11 @@ class Policy:
     # (None where float32 takes PyTorch's kernels), and why
     few_rows: str | None = None
     few_rows_why: str = ""
+    # the kernel of float32 products on the oneDNN route: "sgemm-avx2" (bertlab's own, every
+    # row count, before few_rows) or "onednn" (None where float32 takes PyTorch's kernels), and
+    # why
+    float32_kernel: str | None = None
+    float32_kernel_why: str = ""
     # onednn-s8 products of more than precision.S8_FEW_ROWS rows on oneDNN's linear kernel with
     # the weight prepacked (AMX only: with VNNI alone oneDNN runs signed 8-bit inputs on its
     # reference kernel), else every product on torch._int_mm
@@ -346,6 +378,8 @@ class Policy:
             "not_compiled": dict(self.not_compiled),
             "few_rows": self.few_rows,
             "few_rows_why": self.few_rows_why,
+            "float32_kernel": self.float32_kernel,
+            "float32_kernel_why": self.float32_kernel_why,
             "int8_prepacked": self.int8_prepacked,
             "openmp_wait": openmp.WAIT,
         }  # fmt: skip
@@ -480,6 +514,9 @@ def policy(f: Features, environ: dict[str, str] | os._Environ | None = None) -> 
             )
     compiled = frozenset(COMPILED.get(cls, ())) - set(not_compiled)
     few_rows, few_rows_why = _few_rows(f, products, environ.get("BERTLAB_FEW_ROWS", ""))
+    sgemm_kernel, sgemm_why = _float32_kernel(
+        f, cls, products, environ.get("BERTLAB_FLOAT32_KERNEL", "")
+    )
     return Policy(
         cpu_class=cls,
         features=f,
@@ -490,10 +527,18 @@ def policy(f: Features, environ: dict[str, str] | os._Environ | None = None) -> 
         bf16_why=bf16_why,
         products=products,
         compiled=compiled,
-        compiled_tokens={k: v for k, v in COMPILED_TOKENS.get(cls, {}).items() if k in compiled},
+        compiled_tokens={
+            k: v
+            for k, v in (COMPILED_TOKENS_SGEMM if sgemm_kernel == "sgemm-avx2" else COMPILED_TOKENS)
+            .get(cls, {})
+            .items()
+            if k in compiled
+        },
         not_compiled=not_compiled,
         few_rows=few_rows,
         few_rows_why=few_rows_why,
+        float32_kernel=sgemm_kernel,
+        float32_kernel_why=sgemm_why,
         int8_prepacked=kernel == "onednn-s8" and "amx_int8" in f.flags,
     )
 
@@ -531,6 +576,48 @@ def _few_rows(f: Features, products: dict[torch.dtype, str], forced: str) -> tup
     return "mkl", "MKL's packed product, measured faster than oneDNN's on few rows"
 
 
+FLOAT32_KERNELS = ("sgemm-avx2", "onednn")
+
+
+def _float32_kernel(
+    f: Features, cls: str, products: dict[torch.dtype, str], forced: str
+) -> tuple[str | None, str]:
+    """(kernel, why) of float32 products on the oneDNN route (module docstring); a forced kernel
+    that cannot run on this CPU is refused (ValueError), naming what is missing. Whether the
+    sgemm-avx2 kernel builds in this process is found at its first product (sgemm.load)."""
+    forced = forced.strip().lower()
+    if forced not in ("", "auto", *FLOAT32_KERNELS):
+        raise ValueError(
+            f"BERTLAB_FLOAT32_KERNEL={forced} is not a kernel; choose auto, sgemm-avx2 or onednn"
+        )
+    if forced == "sgemm-avx2" and not (f.x86 and {"avx2", "fma3"} <= f.flags):
+        raise ValueError(
+            "BERTLAB_FLOAT32_KERNEL=sgemm-avx2: the kernel needs "
+            + (
+                f"an x86 CPU; this one is {f.arch}"
+                if not f.x86
+                else f"AVX2 and FMA, which this CPU ({cls}) does not have"
+            )  # fmt: skip
+            + (f" within {', '.join(f.limits)}" if f.limits else "")
+        )
+    if products.get(torch.float32) != "onednn":
+        return None, "float32 products take PyTorch's own kernels here"
+    if forced in FLOAT32_KERNELS:
+        return forced, f"forced by BERTLAB_FLOAT32_KERNEL={forced}"
+    if cls != "avx2":
+        return "onednn", (
+            f"oneDNN's products, whose kernels use this class's wider instructions ({cls})"
+            if cls.startswith(("avx512", "amx"))
+            else f"oneDNN's products (sgemm-avx2 was not measured on this class, {cls})"
+        )
+    if f.vendor != "AuthenticAMD":
+        return "onednn", (
+            "oneDNN's products: sgemm-avx2 was measured faster on AMD's AVX2 CPUs only; this "
+            f"one is {f.vendor or 'of an unknown vendor'}"
+        )
+    return "sgemm-avx2", "bertlab's AVX2 kernel, measured faster than oneDNN's on this class"
+
+
 def inductor_options() -> dict[str, object]:
     """inductor settings that keep its C++ kernels right under ``ATEN_CPU_CAPABILITY=avx2`` on
     a CPU with AVX-512 (a simulated AVX2 CPU): the limit narrows the instructions inductor
@@ -548,11 +635,13 @@ _CURRENT: list[Policy] = []  # (a plain global, which torch.compile reads withou
 def current() -> Policy:
     """The policy of this machine and process, read once."""
     if not _CURRENT:
+        if torch.compiler.is_compiling():  # (not kept: see features)
+            return policy(features())
         _CURRENT.append(policy(features()))
     return _CURRENT[0]
 
 
 def reset() -> None:
     """Read the CPU and the environment again on the next ``current()`` (tests)."""
-    features.cache_clear()
+    _FEATURES.clear()
     _CURRENT.clear()

@@ -19,7 +19,10 @@ traced, and the CPU's class (cpu.py: ``cpu.current().products`` maps a dtype to 
               FEW_ROWS rows (a short sentence) reads the whole weight for little arithmetic:
               where the policy says so (``cpu.current().few_rows == "mkl"``: Intel CPUs) MKL's
               packed product computes it instead, on a second packed copy of the weight made
-              the first time such a product runs, and the epilogue follows in place.
+              the first time such a product runs, and the epilogue follows in place. Where
+              ``cpu.current().float32_kernel == "sgemm-avx2"`` (AMD's AVX2 CPUs) every float32
+              product runs on bertlab's own kernel instead (sgemm.py), on the weight packed in
+              its panels, the residual summed inside it, the activation in place after.
     "float32" the same layer in bfloat16 on a CPU without bfloat16 instructions, where
               PyTorch's bfloat16 products emulate them several times slower than float32: the
               product is computed in float32 (on oneDNN's packed float32 copy of the weight on
@@ -35,12 +38,12 @@ traced, and the CPU's class (cpu.py: ``cpu.current().products`` maps a dtype to 
               activation, dropout and sum in PyTorch (the sum into dropout's fresh output
               where dropout ran, as its backward needs only its mask).
 
-The routes give the same results up to rounding: in float32 the oneDNN and MKL products order
-their sums differently from PyTorch's BLAS and from each other (about 1e-6 relative; so on Intel
-CPUs a text's float32 numbers can differ at that level between a batch of at most FEW_ROWS
-tokens and a larger one); in bfloat16 the fused and the float32 forms round once, after the
-activation or the sum, where the module route rounds before it too. On Arm and other CPUs
-without oneDNN's x86 kernels, float32 takes the module route: PyTorch's own kernels.
+The routes give the same results up to rounding: in float32 the oneDNN, MKL and sgemm-avx2
+products order their sums differently from PyTorch's BLAS and from each other (about 1e-6
+relative; so on Intel CPUs a text's float32 numbers can differ at that level between a batch of
+at most FEW_ROWS tokens and a larger one); in bfloat16 the fused and the float32 forms round
+once, after the activation or the sum, where the module route rounds before it too. On Arm and
+other CPUs without oneDNN's x86 kernels, float32 takes the module route: PyTorch's own kernels.
 ``set_fast_inference(False)`` on a model (``plain``) sends all its layers by the module route,
 to reproduce another library's float32 numbers bit for bit.
 
@@ -60,7 +63,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bertlab.nn import cpu
+from bertlab.nn import cpu, sgemm
 from bertlab.nn.activations import activation_of
 from bertlab.nn.packing import round_rows, tracing
 from bertlab.nn.precision import Int8Linear, int8_product, int8_weight
@@ -208,6 +211,8 @@ def _product(
     bfloat16): one oneDNN call with its epilogue where oneDNN runs here, else PyTorch's
     product on the cached copy of the weights, then the epilogue in place. float32 with at
     most FEW_ROWS rows: MKL's packed product where the policy says so, then the epilogue."""
+    if x.dtype == torch.float32 and _sgemm_here():
+        return _sgemm(layers, x, act, residual)
     if (
         x.dtype == torch.float32
         and x.numel() <= FEW_ROWS * x.shape[-1]
@@ -226,6 +231,47 @@ def _product(
     if fusable and residual is None:
         return _onednn(x, weight, bias, spec.onednn, None)
     return _epilogue(_onednn(x, weight, bias, None, None), act, residual)
+
+
+def _sgemm(
+    layers: tuple[nn.Linear, ...],
+    x: torch.Tensor,
+    act: nn.Module | None,
+    residual: torch.Tensor | None,
+) -> torch.Tensor:
+    """``residual + act(x W^T + b)`` in float32 by bertlab's AVX2 kernel (sgemm.py), the
+    residual summed inside it where no activation comes first, the activation in place after."""
+    weight, bias = packed(layers, torch.float32, kernel="sgemm")
+    if weight.dim() != 3:  # an inference tensor's weight, not packed (see packed())
+        return _epilogue(F.linear(x, weight, bias), act, residual)
+    n = sum(layer.out_features for layer in layers)
+    if act is None and residual is not None and residual.dtype == torch.float32:
+        return sgemm.product(x, weight, bias, n, residual.expand(*x.shape[:-1], n).contiguous())
+    return _epilogue(sgemm.product(x, weight, bias, n), act, residual)
+
+
+_SGEMM: list[tuple[cpu.Policy, bool]] = []  # (the policy, whether the kernel runs under it)
+
+
+def _sgemm_here() -> bool:
+    """The policy's float32 kernel is sgemm-avx2 and it loaded. Decided at the first float32
+    product under a policy (a test may set another): where the kernel cannot run, that call
+    warns once (products stay on oneDNN) or, where it was forced, raises."""
+    policy = cpu.current()
+    if _SGEMM and _SGEMM[0][0] is policy:
+        return _SGEMM[0][1]
+    ok = policy.float32_kernel == "sgemm-avx2"
+    if ok and (why := sgemm.load()) is not None:
+        if policy.float32_kernel_why.startswith("forced"):
+            raise RuntimeError(f"{policy.float32_kernel_why}, but it cannot run here: {why}")
+        warnings.warn(
+            f"float32 products run on oneDNN, not on bertlab's sgemm-avx2 kernel: {why} "
+            "(bertlab.nn.sgemm)",
+            stacklevel=5,
+        )
+        ok = False
+    _SGEMM[:] = [(policy, ok)]
+    return ok
 
 
 def _few_rows(layers: tuple[nn.Linear, ...], x: torch.Tensor) -> torch.Tensor:
@@ -312,6 +358,7 @@ def _onednn(
 _PACKED: dict[str, weakref.WeakKeyDictionary[nn.Module, tuple]] = {
     "onednn": weakref.WeakKeyDictionary(),
     "mkl": weakref.WeakKeyDictionary(),
+    "sgemm": weakref.WeakKeyDictionary(),
 }
 
 
@@ -351,7 +398,7 @@ def packed(
     cached = cache.get(layers[0])
     if cached is not None and cached[2] == stamp and cached[:2] == (ids, dtype):
         return cached[4], cached[5]
-    layout = kernel if kernel == "mkl" or (_onednn_here() and _reorder is not None) else None
+    layout = kernel if kernel != "onednn" or (_onednn_here() and _reorder is not None) else None
     weight, bias = _stack(layers, dtype, layout)
     sources = [t.detach() for layer in layers for t in (layer.weight, layer.bias) if t is not None]
     cache[layers[0]] = (ids, dtype, stamp, sources, weight, bias)
@@ -383,6 +430,8 @@ def _stack(
             weight = _reorder(weight, PACK_ROWS)
         elif layout == "mkl":
             weight = _mkl_pack(weight.contiguous(), MKL_PACK_ROWS)
+        elif layout == "sgemm":
+            weight = sgemm.pack(weight)
         return weight, bias
 
 
@@ -415,13 +464,14 @@ def _one_input(layers: tuple[Int8Linear, ...]) -> bool:
 # ============================================================================ batch shapes
 def row_rounding(weight: torch.Tensor) -> Callable[[int], int] | None:
     """packing.round_rows where a packed batch's products run as oneDNN kernels built and cached
-    per matrix shape (CPU float32 or bfloat16 weights, no gradient recorded, not traced), else
-    None. ``weight``: the model's word embeddings."""
+    per matrix shape (CPU float32 or bfloat16 weights, no gradient recorded, not traced, float32
+    not on sgemm-avx2), else None. ``weight``: the model's word embeddings."""
     if (
         weight.device.type != "cpu"
         or not onednn_dtype(weight.dtype)
         or torch.is_grad_enabled()
         or tracing()
+        or _sgemm_here()  # (float32 products on sgemm-avx2, which builds nothing per shape)
     ):
         return None
     return round_rows

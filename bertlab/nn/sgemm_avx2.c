@@ -1,0 +1,106 @@
+/* bertlab's float32 product for AVX2 CPUs: c = a . w^T + bias (+ add), on w packed once.
+
+   Built and loaded by sgemm.py, which says when it is used and why (bertlab.nn.cpu chooses it).
+
+   a       (m, k) row-major: the input rows
+   panels  the weight w (n, k) in panels of 16 output columns: panel p holds, for each of the k
+           inputs in turn, the 16 weights of columns 16p..16p+15 (zeros past n); so one panel is
+           one contiguous (k, 16) block, read from start to end by each pass over it
+   bias    (n) or NULL;  add  (m, n) row-major or NULL (a residual summed into the result)
+   c       (m, n) row-major: the output
+
+   Each thread takes whole panels (OpenMP, PyTorch's own runtime: sgemm.py checks that one
+   libgomp is loaded). For each panel, the rows go through in blocks of 6: 6 rows x 16 columns
+   of sums stay in 12 AVX2 registers while the k inputs stream past, each step one pair of
+   panel loads, 6 broadcasts of an input and 12 fused multiply-adds. The panel (k x 16 floats:
+   24 KiB at k = 384) stays in the core's cache while the row blocks pass over it, and the
+   weights are read from memory once a product. Each output sums its k terms in order, from the
+   bias. */
+
+#include <immintrin.h>
+#include <stdint.h>
+
+#define PANEL 16
+#define ROWS 6
+
+/* One block of R rows (1 to 6) x 16 columns over the k inputs; the first `cols` columns are
+   written (16, or fewer in the last panel). Written once for every R: the compiler keeps the
+   2R sums in registers only when each is a variable of its own. */
+#define STEP(r)                                                           \
+  if (R > r) {                                                            \
+    __m256 x = _mm256_broadcast_ss(a + (r) * lda + i);                    \
+    s##r##0 = _mm256_fmadd_ps(x, w0, s##r##0);                            \
+    s##r##1 = _mm256_fmadd_ps(x, w1, s##r##1);                            \
+  }
+#define STORE(r)                                                          \
+  if (R > r) {                                                            \
+    if (add) {                                                            \
+      s##r##0 = _mm256_add_ps(s##r##0, _mm256_loadu_ps(add + (r) * ldc));     \
+      s##r##1 = _mm256_add_ps(s##r##1, _mm256_loadu_ps(add + (r) * ldc + 8)); \
+    }                                                                     \
+    _mm256_storeu_ps(c + (r) * ldc, s##r##0);                             \
+    _mm256_storeu_ps(c + (r) * ldc + 8, s##r##1);                         \
+  }
+#define BLOCK(R_)                                                                         \
+  static void block##R_(const float *a, int64_t lda, const float *panel, int64_t k,        \
+                        const float *bias, const float *add, float *c, int64_t ldc) {      \
+    enum { R = R_ };                                                                      \
+    __m256 b0 = bias ? _mm256_loadu_ps(bias) : _mm256_setzero_ps();                       \
+    __m256 b1 = bias ? _mm256_loadu_ps(bias + 8) : _mm256_setzero_ps();                   \
+    __m256 s00 = b0, s01 = b1, s10 = b0, s11 = b1, s20 = b0, s21 = b1;                    \
+    __m256 s30 = b0, s31 = b1, s40 = b0, s41 = b1, s50 = b0, s51 = b1;                    \
+    for (int64_t i = 0; i < k; i++) {                                                     \
+      __m256 w0 = _mm256_load_ps(panel + i * PANEL);                                      \
+      __m256 w1 = _mm256_load_ps(panel + i * PANEL + 8);                                  \
+      STEP(0) STEP(1) STEP(2) STEP(3) STEP(4) STEP(5)                                     \
+    }                                                                                     \
+    STORE(0) STORE(1) STORE(2) STORE(3) STORE(4) STORE(5)                                 \
+  }
+BLOCK(1) BLOCK(2) BLOCK(3) BLOCK(4) BLOCK(5) BLOCK(6)
+
+/* A block of `rows` rows (1 to 6): each size is its own function, its sums in registers. */
+static void block(int rows, const float *a, int64_t lda, const float *panel, int64_t k,
+                  const float *bias, const float *add, float *c, int64_t ldc) {
+  switch (rows) {
+    case 6: block6(a, lda, panel, k, bias, add, c, ldc); break;
+    case 5: block5(a, lda, panel, k, bias, add, c, ldc); break;
+    case 4: block4(a, lda, panel, k, bias, add, c, ldc); break;
+    case 3: block3(a, lda, panel, k, bias, add, c, ldc); break;
+    case 2: block2(a, lda, panel, k, bias, add, c, ldc); break;
+    default: block1(a, lda, panel, k, bias, add, c, ldc); break;
+  }
+}
+
+/* The last panel of an n that is not a multiple of 16: the block is computed into a 6 x 16
+   scratch (its bias and add read through scratch copies too), then its first `cols` columns are
+   copied out. */
+static void partial(int rows, int cols, const float *a, int64_t lda, const float *panel,
+                    int64_t k, const float *bias, const float *add, float *c, int64_t ldc) {
+  float out[ROWS * PANEL], plus[ROWS * PANEL], b[PANEL] = {0};
+  for (int j = 0; j < cols; j++) b[j] = bias ? bias[j] : 0.f;
+  for (int r = 0; r < rows; r++)
+    for (int j = 0; j < PANEL; j++) plus[r * PANEL + j] = add && j < cols ? add[r * ldc + j] : 0.f;
+  block(rows, a, lda, panel, k, b, add ? plus : 0, out, PANEL);
+  for (int r = 0; r < rows; r++)
+    for (int j = 0; j < cols; j++) c[r * ldc + j] = out[r * PANEL + j];
+}
+
+void bertlab_sgemm(const float *a, int64_t m, int64_t k, const float *panels, int64_t n,
+                   const float *bias, const float *add, float *c, int threads) {
+  const int64_t count = (n + PANEL - 1) / PANEL;
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t p = 0; p < count; p++) {
+    const float *panel = panels + p * k * PANEL;
+    const int64_t col = p * PANEL;
+    const int cols = n - col < PANEL ? (int)(n - col) : PANEL;
+    for (int64_t row = 0; row < m; row += ROWS) {
+      const int rows = m - row < ROWS ? (int)(m - row) : ROWS;
+      const float *plus = add ? add + row * n + col : 0;
+      if (cols == PANEL)
+        block(rows, a + row * k, k, panel, k, bias ? bias + col : 0, plus, c + row * n + col, n);
+      else
+        partial(rows, cols, a + row * k, k, panel, k, bias ? bias + col : 0, plus,
+                c + row * n + col, n);
+    }
+  }
+}

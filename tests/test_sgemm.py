@@ -1,0 +1,210 @@
+"""bertlab's AVX2 float32 kernel (bertlab/nn/sgemm.py, sgemm_avx2.c): its products against a
+float64 reference at every shape the blocks and panels meet, the same bits on any thread count,
+the whole model on it equal to PyTorch's own products, and where it cannot be built (no
+compiler, a failed build) a warning and oneDNN's products, or, where it was forced, an error
+saying why. The policy that chooses it is tested with each CPU class simulated (test_cpu.py)."""
+
+import dataclasses
+import os
+import stat
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bertlab import BertConfig, BertModel
+from bertlab.nn import cpu, products, sgemm
+
+WHY = sgemm.load()
+needs_kernel = pytest.mark.skipif(WHY is not None, reason=f"sgemm-avx2 cannot run here: {WHY}")
+
+
+def weights(rows, k, n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k, generator=g)
+    w = torch.randn(n, k, generator=g) / k**0.5
+    return x, w, torch.randn(n, generator=g), torch.randn(rows, n, generator=g)
+
+
+@needs_kernel
+@pytest.mark.parametrize(
+    ("rows", "k", "n"),
+    [
+        (1, 384, 384),  # one row: a block of 1
+        (5, 384, 1152),  # blocks of 1 to 6 rows, below
+        (6, 384, 384),
+        (7, 64, 48),
+        (21, 384, 1536),  # a short sentence at the model's widths
+        (203, 1536, 384),  # many blocks, the feed-forward's long sums
+        (13, 37, 2),  # one partial panel (a classifier's two labels)
+        (9, 50, 17),  # a full panel and a partial one
+        (4, 1, 33),  # a single input
+    ],
+)
+def test_products_equal_a_float64_reference_at_every_block_and_panel_shape(rows, k, n):
+    x, w, b, add = weights(rows, k, n)
+    panels = sgemm.pack(w)
+    assert panels.shape == (-(-n // 16), k, 16)
+    want = F.linear(x.double(), w.double(), b.double())
+    for bias, plus in [(b, None), (None, None), (b, add), (None, add)]:
+        got = sgemm.product(x, panels, bias, n, plus)
+        ref = want - (0 if bias is not None else b.double()) + (0 if plus is None else plus)
+        assert got.shape == (rows, n) and got.dtype == torch.float32
+        # float32 sums of k terms of size ~1: within a few units of float32's last place
+        torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=2e-6 * k**0.5)
+
+
+@needs_kernel
+def test_leading_dimensions_no_rows_and_a_view_as_input():
+    x, w, b, _ = weights(12, 64, 40)
+    panels = sgemm.pack(w)
+    batch = x.view(3, 4, 64)
+    got = sgemm.product(batch, panels, b, 40)
+    assert got.shape == (3, 4, 40)
+    torch.testing.assert_close(got, F.linear(batch, w, b), rtol=1e-5, atol=1e-5)
+    strided = x.t().contiguous().t()  # the same numbers, not row-major
+    torch.testing.assert_close(sgemm.product(strided, panels, b, 40), F.linear(x, w, b),
+                               rtol=1e-5, atol=1e-5)  # fmt: skip
+    assert sgemm.product(x[:0], panels, b, 40).shape == (0, 40)
+
+
+@needs_kernel
+def test_every_thread_count_gives_the_same_bits():
+    """Each output is one thread's sum, in input order, whatever the split."""
+    x, w, b, add = weights(50, 384, 1152)
+    panels = sgemm.pack(w)
+    threads = torch.get_num_threads()
+    try:
+        outs = []
+        for t in (1, 2, 3):
+            torch.set_num_threads(t)
+            outs.append(sgemm.product(x, panels, b, 1152, add))
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+
+
+@needs_kernel
+def test_shapes_that_do_not_fit_are_refused_naming_them():
+    x, w, b, add = weights(4, 64, 40)
+    panels = sgemm.pack(w)
+    for bad in [
+        lambda: sgemm.product(x[:, :32], panels, b, 40),  # inputs
+        lambda: sgemm.product(x, panels, b, 48),  # outputs
+        lambda: sgemm.product(x, panels, b[:8], 40),
+        lambda: sgemm.product(x, panels, b, 40, add[:2]),
+        lambda: sgemm.product(x.double(), panels, b, 40),
+    ]:
+        with pytest.raises(ValueError, match=r"sgemm.product: input \(4, (64|32)\)"):
+            bad()
+
+
+def _model(dtype):
+    cfg = BertConfig(vocab_size=99, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                     intermediate_size=128, max_position_embeddings=64)  # fmt: skip
+    torch.manual_seed(0)
+    model = BertModel(cfg).eval().to(dtype)
+    ids = torch.randint(1, 99, (3, 30))
+    mask = torch.ones_like(ids)
+    mask[0, 21:] = 0
+    mask[2, 4:] = 0
+    return model, ids, mask
+
+
+def on_sgemm(monkeypatch, why="bertlab's AVX2 kernel, measured faster"):
+    policy = dataclasses.replace(cpu.current(), float32_kernel="sgemm-avx2", few_rows="onednn",
+                                 float32_kernel_why=why)  # fmt: skip
+    monkeypatch.setattr(cpu, "_CURRENT", [policy])
+    monkeypatch.setattr(products, "_SGEMM", [])
+
+
+@needs_kernel
+@pytest.mark.skipif(not products._onednn_here(), reason="float32 takes PyTorch's kernels here")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_model_on_sgemm_equals_pytorchs_own_products(dtype, monkeypatch):
+    """Every layer's four products (query-key-value as one, the attention's output, the two of
+    the feed-forward network) on the kernel, with the residual summed inside it; the hidden
+    states equal those of nn.Linear within the dtype's tolerance."""
+    on_sgemm(monkeypatch)
+    calls = []
+    real = sgemm.product
+    monkeypatch.setattr(sgemm, "product", lambda *a: calls.append(a) or real(*a))
+    model, ids, mask = _model(dtype)
+    if dtype == torch.bfloat16 and cpu.current().products[dtype] != "float32":
+        pytest.skip("bfloat16 runs natively here, not by the float32 route")
+    with torch.inference_mode():
+        got = model(ids, mask, output_hidden_states=True)
+        assert len(calls) == 4 * 3
+        assert sum(len(c) > 4 and c[4] is not None for c in calls) == 2 * 3  # two sums a layer
+        model.set_fast_inference(False)
+        want = model(ids, mask, output_hidden_states=True)
+    assert len(calls) == 4 * 3
+    real_tokens = mask.bool()
+    tol = 1e-5 if dtype == torch.float32 else 2**-6
+    for g, w in zip(got.hidden_states, want.hidden_states, strict=True):
+        torch.testing.assert_close(g[real_tokens].float(), w[real_tokens].float(), rtol=tol,
+                                   atol=tol)  # fmt: skip
+
+
+def _without_compiler(monkeypatch, tmp_path, compiler):
+    monkeypatch.setenv("CC", str(compiler))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(sgemm, "_LOADED", [])
+
+
+@pytest.mark.skipif(sgemm.why_not() is not None, reason=f"{sgemm.why_not()}")
+def test_a_failed_build_says_why_and_leaves_nothing_half_written(monkeypatch, tmp_path):
+    script = tmp_path / "cc"
+    script.write_text("#!/bin/sh\necho 'error: this compiler builds nothing' >&2\nexit 1\n")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    _without_compiler(monkeypatch, tmp_path, script)
+    why = sgemm.load()
+    assert why is not None and "could not build sgemm_avx2.c" in why
+    assert "this compiler builds nothing" in why
+    kernels = tmp_path / "cache" / "bertlab" / "kernels"
+    assert not list(kernels.iterdir())  # no half-written library to load next time
+    with pytest.raises(RuntimeError, match="the sgemm-avx2 kernel cannot run here: .*could not"):
+        sgemm.product(torch.ones(1, 4), torch.ones(1, 4, 16), None, 16)
+
+
+@pytest.mark.skipif(sgemm.why_not() is not None, reason=f"{sgemm.why_not()}")
+def test_a_build_lands_in_the_cache_folder_under_its_final_name_only(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(sgemm, "_LOADED", [])
+    assert sgemm.load() is None
+    files = os.listdir(tmp_path / "cache" / "bertlab" / "kernels")
+    assert len(files) == 1 and files[0].startswith("bertlab-sgemm-avx2-")
+    assert files[0].endswith(".so")
+    assert len(sgemm._gomp_paths()) == 1  # PyTorch's OpenMP runtime, and no second one
+
+
+@pytest.mark.skipif(not products._onednn_here(), reason="float32 takes PyTorch's kernels here")
+def test_without_a_compiler_products_stay_on_onednn_saying_so_once(monkeypatch, tmp_path):
+    _without_compiler(monkeypatch, tmp_path, tmp_path / "no-such-cc")
+    on_sgemm(monkeypatch)
+    model, ids, mask = _model(torch.float32)
+    with torch.inference_mode():
+        with pytest.warns(UserWarning, match="float32 products run on oneDNN, not on bertlab's "
+                                             "sgemm-avx2 kernel: no C compiler"):  # fmt: skip
+            got = model(ids, mask).last_hidden_state
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # once: the second call says nothing
+            model(ids, mask)
+        model.set_fast_inference(False)
+        want = model(ids, mask).last_hidden_state
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not products._onednn_here(), reason="float32 takes PyTorch's kernels here")
+def test_a_forced_kernel_that_cannot_be_built_is_an_error_naming_why(monkeypatch, tmp_path):
+    _without_compiler(monkeypatch, tmp_path, tmp_path / "no-such-cc")
+    on_sgemm(monkeypatch, why="forced by BERTLAB_FLOAT32_KERNEL=sgemm-avx2")
+    model, ids, mask = _model(torch.float32)
+    with (
+        torch.inference_mode(),
+        pytest.raises(
+            RuntimeError, match="BERTLAB_FLOAT32_KERNEL=sgemm-avx2, but it cannot run here: no C"
+        ),
+    ):
+        model(ids, mask)
