@@ -70,6 +70,21 @@ def test_leading_dimensions_no_rows_and_a_view_as_input():
 
 
 @needs_kernel
+def test_panels_and_inputs_at_any_address_give_the_same_bits():
+    """Tensors whose data start a float past an aligned address (a view at an offset, a
+    compiled program's constants): the kernel's loads need no alignment."""
+    x, w, b, add = weights(9, 64, 40)
+    panels = sgemm.pack(w)
+    want = sgemm.product(x, panels, b, 40, add)
+
+    def shifted(t):
+        return torch.empty(t.numel() + 1)[1:].view(t.shape).copy_(t)
+
+    got = sgemm.product(shifted(x), shifted(panels), shifted(b), 40, shifted(add))
+    assert shifted(panels).data_ptr() % 32 != 0 and torch.equal(got, want)
+
+
+@needs_kernel
 def test_every_thread_count_gives_the_same_bits():
     """Each output is one thread's sum, in input order, whatever the split."""
     x, w, b, add = weights(50, 384, 1152)
@@ -95,6 +110,7 @@ def test_shapes_that_do_not_fit_are_refused_naming_them():
         lambda: sgemm.product(x, panels, b[:8], 40),
         lambda: sgemm.product(x, panels, b, 40, add[:2]),
         lambda: sgemm.product(x.double(), panels, b, 40),
+        lambda: sgemm.product(x, panels.transpose(0, 1).contiguous().transpose(0, 1), b, 40),
     ]:
         with pytest.raises(ValueError, match=r"sgemm.product: input \(4, (64|32)\)"):
             bad()
@@ -208,3 +224,20 @@ def test_a_forced_kernel_that_cannot_be_built_is_an_error_naming_why(monkeypatch
         ),
     ):
         model(ids, mask)
+
+
+@needs_kernel
+@pytest.mark.skipif(not products._onednn_here(), reason="float32 takes PyTorch's kernels here")
+def test_inference_tensor_weights_take_pytorchs_product(monkeypatch):
+    """Weights made under inference_mode keep no version counter, so no panels are packed for
+    them (a stale copy could not be told apart): F.linear computes, with the same numbers."""
+    on_sgemm(monkeypatch)
+    calls = []
+    real = sgemm.product
+    monkeypatch.setattr(sgemm, "product", lambda *a: calls.append(a) or real(*a))
+    with torch.inference_mode():
+        layer = torch.nn.Linear(64, 40)
+        x = torch.randn(5, 64)
+        got = products.linear(layer, x)
+    torch.testing.assert_close(got, F.linear(x, layer.weight, layer.bias))
+    assert not calls and layer not in products._PACKED["sgemm"]

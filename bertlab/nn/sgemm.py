@@ -71,12 +71,15 @@ def product(
     if (
         x.dtype != torch.float32
         or panels.shape != (-(-n // PANEL), k, PANEL)
+        or panels.dtype != torch.float32
+        or not panels.is_contiguous()
         or (bias is not None and (bias.shape != (n,) or not bias.is_contiguous()))
         or (add is not None and (add.shape != (*x.shape[:-1], n) or not add.is_contiguous()))
     ):
         raise ValueError(
             f"sgemm.product: input {tuple(x.shape)} {x.dtype} does not fit panels "
-            f"{tuple(panels.shape)} for {n} outputs (bias "
+            f"{tuple(panels.shape)}{'' if panels.is_contiguous() else ' (not contiguous)'} for {n} "
+            f"outputs (bias "
             f"{None if bias is None else tuple(bias.shape)}, add "
             f"{None if add is None else tuple(add.shape)})"
         )

@@ -15,7 +15,7 @@
    panel loads, 6 broadcasts of an input and 12 fused multiply-adds. The panel (k x 16 floats:
    24 KiB at k = 384) stays in the core's cache while the row blocks pass over it, and the
    weights are read from memory once a product. Each output sums its k terms in order, from the
-   bias. */
+   bias. No load or store needs aligned memory (a tensor's data may start anywhere). */
 
 #include <immintrin.h>
 #include <stdint.h>
@@ -50,8 +50,8 @@
     __m256 s00 = b0, s01 = b1, s10 = b0, s11 = b1, s20 = b0, s21 = b1;                    \
     __m256 s30 = b0, s31 = b1, s40 = b0, s41 = b1, s50 = b0, s51 = b1;                    \
     for (int64_t i = 0; i < k; i++) {                                                     \
-      __m256 w0 = _mm256_load_ps(panel + i * PANEL);                                      \
-      __m256 w1 = _mm256_load_ps(panel + i * PANEL + 8);                                  \
+      __m256 w0 = _mm256_loadu_ps(panel + i * PANEL);                                     \
+      __m256 w1 = _mm256_loadu_ps(panel + i * PANEL + 8);                                 \
       STEP(0) STEP(1) STEP(2) STEP(3) STEP(4) STEP(5)                                     \
     }                                                                                     \
     STORE(0) STORE(1) STORE(2) STORE(3) STORE(4) STORE(5)                                 \
