@@ -1,8 +1,9 @@
-"""Shared by the parity, packed-path and int8 tests."""
+"""Shared by the parity, packed-path, product-seam and int8 tests."""
 
 import pytest
 import torch
 
+from bertlab import BertConfig, BertModel
 from bertlab.nn.precision import int8_supported
 
 # int8 runs where this machine has a kernel for it (bertlab.nn.cpu: x86 from AVX2 up). Elsewhere
@@ -31,3 +32,23 @@ def scramble(model: torch.nn.Module, seed: int) -> torch.nn.Module:
 
 def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
+
+
+def small_encoder(dtype, kernel="packed", head=None):
+    """A 3-layer model of width 64 (``head``: BertModel by default) in ``dtype`` with the
+    attention kernel ``kernel``, and a batch of 3 rows of 30 ids, two of them padded."""
+    cfg = BertConfig(
+        vocab_size=99,
+        hidden_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=64,
+    ).replace(attn_implementation=kernel)
+    torch.manual_seed(0)
+    model = (head or BertModel)(cfg).eval().to(dtype)
+    ids = torch.randint(1, 99, (3, 30))
+    mask = torch.ones_like(ids)
+    mask[0, 21:] = 0
+    mask[2, 4:] = 0
+    return model, ids, mask

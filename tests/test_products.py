@@ -11,7 +11,7 @@ import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import needs_int8
+from helpers import needs_int8, small_encoder
 from torch import nn
 
 from bertlab import BertConfig, BertForMaskedLM, BertModel
@@ -198,7 +198,7 @@ def test_the_module_route_runs_for_gradients_other_dtypes_hooks_and_adapters(mon
 
 @needs_onednn
 def test_a_hook_on_every_module_sees_every_product(monkeypatch):
-    model, ids, mask = _encoder_model(torch.float32)
+    model, ids, mask = small_encoder(torch.float32)
     seen = []
     handle = nn.modules.module.register_module_forward_hook(
         lambda m, i, o: seen.append(m) if isinstance(m, nn.Linear) else None
@@ -373,29 +373,13 @@ def test_feed_forward_runs_whole_under_autograd_or_a_hook(monkeypatch):
 
 
 # ============================================= packed weights
-def _encoder_model(dtype, kernel="packed", head=BertModel):
-    cfg = BertConfig(
-        vocab_size=99,
-        hidden_size=64,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        intermediate_size=128,
-        max_position_embeddings=64,
-    ).replace(attn_implementation=kernel)
-    torch.manual_seed(0)
-    model = head(cfg).eval().to(dtype)
-    ids = torch.randint(1, 99, (3, 30))
-    mask = torch.ones_like(ids)
-    mask[0, 21:] = 0
-    mask[2, 4:] = 0
-    return model, ids, mask
 
 
 @needs_onednn
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("kernel", ["packed", "sdpa", "eager"])
 def test_the_fused_products_equal_pytorchs_own(dtype, kernel, monkeypatch):
-    model, ids, mask = _encoder_model(dtype, kernel)
+    model, ids, mask = small_encoder(dtype, kernel)
     few_rows_on(monkeypatch, "onednn")  # (few rows in float32 may take MKL's product: below)
     calls = spy_onednn(monkeypatch)
     with torch.inference_mode():
@@ -422,8 +406,8 @@ def test_packed_weights_follow_every_change_of_the_weights(few_rows, monkeypatch
     are now, never a stale packed copy (oneDNN's, or MKL's for few rows)."""
     few_rows_on(monkeypatch, few_rows)
     calls = spy_kernel(monkeypatch, few_rows)
-    model, ids, mask = _encoder_model(torch.float32)
-    plain, _, _ = _encoder_model(torch.float32)
+    model, ids, mask = small_encoder(torch.float32)
+    plain, _, _ = small_encoder(torch.float32)
     plain.set_fast_inference(False)
 
     def check():
@@ -438,7 +422,7 @@ def test_packed_weights_follow_every_change_of_the_weights(few_rows, monkeypatch
         model.encoder.layer[1].attention.self.value.weight.mul_(2)  # in place
         model.encoder.layer[2].intermediate.dense.bias.add_(1)
     assert not torch.allclose(check(), first)
-    other, _, _ = _encoder_model(torch.float32)
+    other, _, _ = small_encoder(torch.float32)
     with torch.no_grad():
         for p in other.parameters():
             p.add_(0.01)
@@ -510,14 +494,14 @@ def test_inference_tensor_weights_take_pytorchs_product_on_few_rows(monkeypatch)
 
 
 def test_set_fast_inference_refuses_anything_but_a_bool():
-    model, _, _ = _encoder_model(torch.float32)
+    model, _, _ = small_encoder(torch.float32)
     with pytest.raises(TypeError, match="True or False, got 'no'"):
         model.set_fast_inference("no")
 
 
 @needs_int8
 def test_int8_projections_that_share_their_smoothing_run_as_one_product(monkeypatch):
-    model, ids, mask = _encoder_model(torch.float32)
+    model, ids, mask = small_encoder(torch.float32)
     q = quantize_int8(model, calibrate=[{"input_ids": ids, "attention_mask": mask}])
     calls = []
     real = products.int8_product

@@ -12,8 +12,8 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import small_encoder
 
-from bertlab import BertConfig, BertModel
 from bertlab.nn import cpu, products, sgemm
 
 WHY = sgemm.load()
@@ -116,18 +116,6 @@ def test_shapes_that_do_not_fit_are_refused_naming_them():
             bad()
 
 
-def _model(dtype):
-    cfg = BertConfig(vocab_size=99, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
-                     intermediate_size=128, max_position_embeddings=64)  # fmt: skip
-    torch.manual_seed(0)
-    model = BertModel(cfg).eval().to(dtype)
-    ids = torch.randint(1, 99, (3, 30))
-    mask = torch.ones_like(ids)
-    mask[0, 21:] = 0
-    mask[2, 4:] = 0
-    return model, ids, mask
-
-
 def on_sgemm(monkeypatch, why="bertlab's AVX2 kernel, measured faster"):
     policy = dataclasses.replace(cpu.current(), float32_kernel="sgemm-avx2", few_rows="onednn",
                                  float32_kernel_why=why)  # fmt: skip
@@ -146,7 +134,7 @@ def test_the_model_on_sgemm_equals_pytorchs_own_products(dtype, monkeypatch):
     calls = []
     real = sgemm.product
     monkeypatch.setattr(sgemm, "product", lambda *a: calls.append(a) or real(*a))
-    model, ids, mask = _model(dtype)
+    model, ids, mask = small_encoder(dtype)
     if dtype == torch.bfloat16 and cpu.current().products[dtype] != "float32":
         pytest.skip("bfloat16 runs natively here, not by the float32 route")
     with torch.inference_mode():
@@ -199,7 +187,7 @@ def test_a_build_lands_in_the_cache_folder_under_its_final_name_only(monkeypatch
 def test_without_a_compiler_products_stay_on_onednn_saying_so_once(monkeypatch, tmp_path):
     _without_compiler(monkeypatch, tmp_path, tmp_path / "no-such-cc")
     on_sgemm(monkeypatch)
-    model, ids, mask = _model(torch.float32)
+    model, ids, mask = small_encoder(torch.float32)
     with torch.inference_mode():
         with pytest.warns(UserWarning, match="float32 products run on oneDNN, not on bertlab's "
                                              "sgemm-avx2 kernel: no C compiler"):  # fmt: skip
@@ -216,7 +204,7 @@ def test_without_a_compiler_products_stay_on_onednn_saying_so_once(monkeypatch, 
 def test_a_forced_kernel_that_cannot_be_built_is_an_error_naming_why(monkeypatch, tmp_path):
     _without_compiler(monkeypatch, tmp_path, tmp_path / "no-such-cc")
     on_sgemm(monkeypatch, why="forced by BERTLAB_FLOAT32_KERNEL=sgemm-avx2")
-    model, ids, mask = _model(torch.float32)
+    model, ids, mask = small_encoder(torch.float32)
     with (
         torch.inference_mode(),
         pytest.raises(
