@@ -7,6 +7,7 @@ saying why. The policy that chooses it is tested with each CPU class simulated (
 import dataclasses
 import os
 import stat
+import tempfile
 import warnings
 
 import pytest
@@ -229,3 +230,21 @@ def test_inference_tensor_weights_take_pytorchs_product(monkeypatch):
         got = products.linear(layer, x)
     torch.testing.assert_close(got, F.linear(x, layer.weight, layer.bias))
     assert not calls and layer not in products._PACKED["sgemm"]
+
+
+@pytest.mark.skipif(sgemm.why_not() is not None, reason=f"{sgemm.why_not()}")
+def test_an_unwritable_cache_folder_builds_in_a_fresh_private_one(monkeypatch, tmp_path):
+    blocked = tmp_path / "cache"
+    blocked.write_text("a file where the cache folder would be")  # mkdir beneath it fails
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocked))
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", None)  # (read TMPDIR again)
+    monkeypatch.setattr(sgemm, "_LOADED", [])
+    assert sgemm.load() is None
+    (private,) = (tmp_path / "tmp").iterdir()
+    assert (
+        private.name.startswith("bertlab-kernels-")
+        and stat.S_IMODE(private.stat().st_mode) == 0o700
+    )
+    assert [f.name.startswith("bertlab-sgemm-avx2-") for f in private.iterdir()] == [True]

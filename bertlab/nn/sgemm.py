@@ -13,12 +13,12 @@ sums each output's terms in order from the bias, so its results differ from oneD
 PyTorch's by rounding only (about 1e-6 relative).
 
 It is C, compiled once with the system's C compiler (``CC``, else ``cc``) into
-``$XDG_CACHE_HOME/bertlab/kernels`` (else ``~/.cache/bertlab/kernels``; a temporary folder if
-that cannot be written), named by a hash of its source and flags, written to a temporary name
-and renamed, so processes that build it at once never load half a file. It links PyTorch's
-OpenMP runtime (GNU libgomp, which torch has loaded), so its threads are PyTorch's threads:
-``torch.set_num_threads`` sets both, and their spin (bertlab.openmp) is one. It is loaded with
-ctypes: no Python extension, no PyTorch headers, a build of about a second.
+``$XDG_CACHE_HOME/bertlab/kernels`` (else ``~/.cache/bertlab/kernels``; a fresh private
+temporary folder if that cannot be written), named by a hash of its source and flags, written to
+a temporary name and renamed, so processes that build it at once never load half a file. It
+links PyTorch's OpenMP runtime (GNU libgomp, which torch has loaded), so its threads are
+PyTorch's threads: ``torch.set_num_threads`` sets both, and their spin (bertlab.openmp) is one.
+It is loaded with ctypes: no Python extension, no PyTorch headers, a build of about a second.
 
 Where it cannot run (no compiler, a failed build, an OpenMP runtime other than libgomp, a CPU
 without AVX2 and FMA), ``load`` returns why, products.py warns once and keeps oneDNN's
@@ -33,6 +33,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -148,9 +149,15 @@ def _gomp_paths() -> set[str]:
     return {line.split()[-1] for line in maps if "libgomp" in line.rsplit("/", 1)[-1]}
 
 
-def _cache_dirs() -> list[Path]:
+def _cache_dirs() -> Iterator[Path]:
+    """The user's cache folder, then (only if that cannot be written) a fresh private folder:
+    never a shared one, where another user could leave a library under the expected name."""
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return [Path(base).expanduser() / "bertlab" / "kernels", Path(tempfile.gettempdir())]
+    yield Path(base).expanduser() / "bertlab" / "kernels"
+    try:
+        yield Path(tempfile.mkdtemp(prefix="bertlab-kernels-"))
+    except OSError:
+        return
 
 
 def _build_and_load() -> object:
