@@ -70,9 +70,17 @@ def explored(mlm, tokenizer):
 
 
 def reference(model, tokenizer, text=TEXT, pair=PAIR):
+    """The model's outputs as the explorer's run computes them. That run watches every module
+    with a hook, and a watched linear layer runs as nn.Linear (products.py); so the reference
+    runs with fast inference off, the same products, and must give the same bits (unwatched,
+    a CPU's fast products differ from nn.Linear's by rounding)."""
     enc = tokenizer(text, pair, return_tensors="pt")
-    with torch.no_grad():
-        out = model(**enc, output_hidden_states=True, output_attentions=True)
+    model.set_fast_inference(False)
+    try:
+        with torch.no_grad():
+            out = model(**enc, output_hidden_states=True, output_attentions=True)
+    finally:
+        model.set_fast_inference(True)
     return enc, out
 
 

@@ -9,7 +9,7 @@ products.py calls these for float32 products where ``cpu.current().float32_kerne
 ``"sgemm-avx2"``: on the avx2 class of AMD CPUs (EPYC Zen 2 and 3), where oneDNN's float32
 products ran slower than this kernel (docs/performance.md). The kernel is sgemm_avx2.c, beside
 this file: one loop of AVX2 fused multiply-adds over 6 rows x 16 columns, read in a sitting. It
-sums each output's terms in order from the bias, so its results differ from oneDNN's and
+sums each output's terms in order, then adds the bias, so its results differ from oneDNN's and
 PyTorch's by rounding only (about 1e-6 relative).
 
 It is C, compiled once with the system's C compiler (``CC``, else ``cc``) into

@@ -14,8 +14,9 @@
    of sums stay in 12 AVX2 registers while the k inputs stream past, each step one pair of
    panel loads, 6 broadcasts of an input and 12 fused multiply-adds. The panel (k x 16 floats:
    24 KiB at k = 384) stays in the core's cache while the row blocks pass over it, and the
-   weights are read from memory once a product. Each output sums its k terms in order, from the
-   bias. No load or store needs aligned memory (a tensor's data may start anywhere). */
+   weights are read from memory once a product. Each output sums its k terms in order, from
+   zero, then adds the bias. No load or store needs aligned memory (a tensor's data may start
+   anywhere). */
 
 #include <immintrin.h>
 #include <stdint.h>
@@ -34,6 +35,10 @@
   }
 #define STORE(r)                                                          \
   if (R > r) {                                                            \
+    if (bias) {                                                           \
+      s##r##0 = _mm256_add_ps(s##r##0, _mm256_loadu_ps(bias));            \
+      s##r##1 = _mm256_add_ps(s##r##1, _mm256_loadu_ps(bias + 8));        \
+    }                                                                     \
     if (add) {                                                            \
       s##r##0 = _mm256_add_ps(s##r##0, _mm256_loadu_ps(add + (r) * ldc));     \
       s##r##1 = _mm256_add_ps(s##r##1, _mm256_loadu_ps(add + (r) * ldc + 8)); \
@@ -45,10 +50,9 @@
   static void block##R_(const float *a, int64_t lda, const float *panel, int64_t k,        \
                         const float *bias, const float *add, float *c, int64_t ldc) {      \
     enum { R = R_ };                                                                      \
-    __m256 b0 = bias ? _mm256_loadu_ps(bias) : _mm256_setzero_ps();                       \
-    __m256 b1 = bias ? _mm256_loadu_ps(bias + 8) : _mm256_setzero_ps();                   \
-    __m256 s00 = b0, s01 = b1, s10 = b0, s11 = b1, s20 = b0, s21 = b1;                    \
-    __m256 s30 = b0, s31 = b1, s40 = b0, s41 = b1, s50 = b0, s51 = b1;                    \
+    const __m256 z = _mm256_setzero_ps();                                                 \
+    __m256 s00 = z, s01 = z, s10 = z, s11 = z, s20 = z, s21 = z;                          \
+    __m256 s30 = z, s31 = z, s40 = z, s41 = z, s50 = z, s51 = z;                          \
     for (int64_t i = 0; i < k; i++) {                                                     \
       __m256 w0 = _mm256_loadu_ps(panel + i * PANEL);                                     \
       __m256 w1 = _mm256_loadu_ps(panel + i * PANEL + 8);                                 \
