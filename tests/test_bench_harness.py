@@ -143,9 +143,9 @@ def test_every_way_of_the_small_products_harness_computes_the_same_products():
     reference = ways["pytorch"]()
     assert [tuple(y.shape) for y in reference[:4]] == [(3, 1152), (3, 384), (3, 1536), (3, 384)]
     names = ["onednn", "onednn-exact", "mkl-few-rows", "mkl-packed", "mkl-packed-pad"]
-    from bertlab.nn import sgemm
+    from bertlab.nn import avx2
 
-    assert ("sgemm-avx2" in ways) == (sgemm.load() is None)  # where the kernel runs here
+    assert ("sgemm-avx2" in ways) == (avx2.load() is None)  # where the kernel runs here
     for name in names + [n for n in ("sgemm-avx2",) if n in ways]:
         got = ways[name]()
         assert len(got) == len(reference) == 24, name

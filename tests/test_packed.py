@@ -547,6 +547,8 @@ def test_no_padding_runs_dense_and_equals_sdpa(packed_calls, monkeypatch):
         return real_sdpa(q, *args, **kwargs)
 
     monkeypatch.setattr(bertlab.nn.attention.F, "scaled_dot_product_attention", spy)
+    # PyTorch's kernels: bertlab's AVX2 attention, where the policy runs it, is test_avx2.py's
+    monkeypatch.setattr(bertlab.nn.avx2, "ATTENTION_TOKENS", 0)
     with torch.no_grad():
         a = ref(**inputs, **labels, output_hidden_states=True)
         for mask in (inputs["attention_mask"], None):

@@ -15,7 +15,7 @@ from helpers import needs_int8, small_encoder
 from torch import nn
 
 from bertlab import BertConfig, BertForMaskedLM, BertModel
-from bertlab.nn import cpu, products, sgemm
+from bertlab.nn import avx2, cpu, products
 from bertlab.nn.model import BertLayer
 from bertlab.nn.packing import round_rows
 from bertlab.nn.precision import quantize_int8
@@ -77,8 +77,8 @@ def spy_mkl(monkeypatch):
 
 def spy_sgemm(monkeypatch):
     calls = []
-    real = sgemm.product
-    monkeypatch.setattr(sgemm, "product", lambda *a: calls.append(a) or real(*a))
+    real = avx2.product
+    monkeypatch.setattr(avx2, "product", lambda *a: calls.append(a) or real(*a))
     return calls
 
 
@@ -99,8 +99,8 @@ def spy_kernel(monkeypatch, kernel):
 
 
 needs_sgemm = pytest.mark.skipif(
-    not products._onednn_here() or sgemm.load() is not None,
-    reason=f"the sgemm-avx2 kernel does not run here: {sgemm.load() or 'no oneDNN route'}",
+    not products._onednn_here() or avx2.load() is not None,
+    reason=f"the sgemm-avx2 kernel does not run here: {avx2.load() or 'no oneDNN route'}",
 )
 FEW_ROWS = [
     "onednn",

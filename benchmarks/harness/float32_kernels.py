@@ -27,7 +27,7 @@ import paired
 import torch
 
 from bertlab.bench import runtimes
-from bertlab.nn import cpu, sgemm
+from bertlab.nn import avx2, cpu
 
 
 def on_kernel(kernel: str, run):
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     if cpu.current().float32_kernel is None:
         p.error(f"float32 products do not take oneDNN's route here "
                 f"({cpu.current().float32_kernel_why})")  # fmt: skip
-    if (why := sgemm.load()) is not None:
+    if (why := avx2.load()) is not None:
         p.error(f"the sgemm-avx2 kernel cannot run here: {why}")
     model, tokenizer, texts, source = paired.setup(args)
     folder = tempfile.TemporaryDirectory(prefix="float32-kernels-")  # removed when main returns

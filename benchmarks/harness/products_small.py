@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from bertlab.bench.speed import alternate, machine
-from bertlab.nn import sgemm
+from bertlab.nn import avx2
 from bertlab.nn.products import MKL_PACK_ROWS, PACK_ROWS
 
 SHAPES = [(384, 1152), (384, 384), (384, 1536), (1536, 384)] * 6  # (in, out), layer by layer
@@ -90,10 +90,10 @@ def chains(
             F.linear(x[k], w, b) for (k, _), (w, b) in zip(SHAPES, weights, strict=True)
         ],
     }
-    if (why := sgemm.load()) is None:
-        panels = [(sgemm.pack(w), b) for w, b in weights]
+    if (why := avx2.load()) is None:
+        panels = [(avx2.pack(w), b) for w, b in weights]
         ways["sgemm-avx2"] = lambda: [
-            sgemm.product(x[k], p, b, n) for (k, n), (p, b) in zip(SHAPES, panels, strict=True)
+            avx2.product(x[k], p, b, n) for (k, n), (p, b) in zip(SHAPES, panels, strict=True)
         ]
     else:
         print(f"sgemm-avx2: not run ({why})")

@@ -31,7 +31,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from bertlab.nn.packing import WINDOW_ALIGN, Packing, WindowGroup
+from bertlab.nn import avx2, cpu
+from bertlab.nn.packing import WINDOW_ALIGN, Packing, WindowGroup, tracing
 
 
 @functools.cache
@@ -124,6 +125,23 @@ def varlen_ok(q: torch.Tensor, dropout_p: float) -> bool:
     )
 
 
+def _on_avx2(q: torch.Tensor, dropout_p: float, packing: Packing) -> bool:
+    """Inference in float32 where the policy runs bertlab's AVX2 kernels (cpu.py) and they
+    loaded, on sequences of at most ``avx2.ATTENTION_TOKENS`` tokens, D a multiple of 8."""
+    return (
+        q.dtype == torch.float32
+        and q.is_cpu
+        and not q.requires_grad
+        and dropout_p == 0.0
+        and packing.max_seqlen <= avx2.ATTENTION_TOKENS
+        and q.shape[-1] % 8 == 0
+        and q.stride()[1:] == (q.shape[-1], 1)
+        and cpu.current().float32_kernel == "sgemm-avx2"
+        and avx2.load() is None
+        and not tracing()
+    )
+
+
 def packed_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -134,7 +152,10 @@ def packed_attention(
 ) -> tuple[torch.Tensor, None]:
     """Attention over packed tokens, each sequence on its own, no padding computed.
 
-    A batch without padding runs as one batched SDPA call. On CUDA in half precision without
+    In float32 inference where the CPU policy runs bertlab's AVX2 kernels (avx2.py), batches
+    whose sequences are at most ``avx2.ATTENTION_TOKENS`` long run there, in one call: each
+    sequence over its own tokens, nothing padded or gathered. Otherwise, a batch without padding
+    runs as one batched SDPA call. On CUDA in half precision without
     dropout, PyTorch's variable-length flash kernel does all sequences in one call. Otherwise
     each sequence is one small SDPA call on a view of the packed tensor (faster than the
     written-out equation in bfloat16 and as fast in float32, and closer to float32 in bfloat16
@@ -149,6 +170,11 @@ def packed_attention(
     if need_weights:
         raise ValueError("the packed kernel does not return attention probabilities")
     N, A, D = q.shape
+    if _on_avx2(q, dropout_p, packing):  # bertlab's kernel: every sequence on its own tokens
+        out = avx2.attention(q, k, v, packing.cu_seqlens, packing.max_seqlen)
+        if N > packing.total:
+            out[packing.total :] = 0  # spare rows
+        return out, None
     if packing.dense:  # (B*T, A, D) -> (B, A, T, D)
         B, T = packing.batch, packing.seq_len
 

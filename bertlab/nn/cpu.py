@@ -31,7 +31,7 @@ instruction; what was measured where, natively or on a simulation: docs/performa
   "sgemm*": on AMD CPUs of the class, bertlab's own AVX2 kernel (below); on Intel's, oneDNN.
 * **float32 kernel** (``Policy.float32_kernel``): the oneDNN route's float32 products (and a
   bfloat16 model's, computed in float32) run on ``sgemm-avx2``, bertlab's AVX2 kernel
-  (sgemm.py, sgemm_avx2.c), on AMD CPUs of the avx2 class, where oneDNN's took 1.4x its time at
+  (avx2.py, sgemm_avx2.c), on AMD CPUs of the avx2 class, where oneDNN's took 1.4x its time at
   batch 1 (docs/performance.md), and on oneDNN everywhere else: the AVX-512 and AMX classes have
   wider kernels in oneDNN, and Intel's AVX2 CPUs were not measured with it. The kernel is
   compiled at its first product; where it cannot be (no C compiler), products.py warns once
@@ -584,7 +584,7 @@ def _float32_kernel(
 ) -> tuple[str | None, str]:
     """(kernel, why) of float32 products on the oneDNN route (module docstring); a forced kernel
     that cannot run on this CPU is refused (ValueError), naming what is missing. Whether the
-    sgemm-avx2 kernel builds in this process is found at its first product (sgemm.load)."""
+    sgemm-avx2 kernel builds in this process is found at its first product (avx2.load)."""
     forced = forced.strip().lower()
     if forced not in ("", "auto", *FLOAT32_KERNELS):
         raise ValueError(

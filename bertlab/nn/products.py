@@ -21,7 +21,7 @@ traced, and the CPU's class (cpu.py: ``cpu.current().products`` maps a dtype to 
               packed product computes it instead, on a second packed copy of the weight made
               the first time such a product runs, and the epilogue follows in place. Where
               ``cpu.current().float32_kernel == "sgemm-avx2"`` (AMD's AVX2 CPUs) every float32
-              product runs on bertlab's own kernel instead (sgemm.py), on the weight packed in
+              product runs on bertlab's own kernel instead (avx2.py), on the weight packed in
               its panels, the residual summed inside it, the activation in place after.
     "float32" the same layer in bfloat16 on a CPU without bfloat16 instructions, where
               PyTorch's bfloat16 products emulate them several times slower than float32: the
@@ -63,7 +63,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bertlab.nn import cpu, sgemm
+from bertlab.nn import avx2, cpu
 from bertlab.nn.activations import activation_of
 from bertlab.nn.packing import round_rows, tracing
 from bertlab.nn.precision import Int8Linear, int8_product, int8_weight
@@ -239,15 +239,15 @@ def _sgemm(
     act: nn.Module | None,
     residual: torch.Tensor | None,
 ) -> torch.Tensor:
-    """``residual + act(x W^T + b)`` in float32 by bertlab's AVX2 kernel (sgemm.py), the
+    """``residual + act(x W^T + b)`` in float32 by bertlab's AVX2 kernel (avx2.py), the
     residual summed inside it where no activation comes first, the activation in place after."""
     weight, bias = packed(layers, torch.float32, kernel="sgemm")
     if weight.dim() != 3:  # an inference tensor's weight, not packed (see packed())
         return _epilogue(F.linear(x, weight, bias), act, residual)
     n = sum(layer.out_features for layer in layers)
     if act is None and residual is not None and residual.dtype == torch.float32:
-        return sgemm.product(x, weight, bias, n, residual.expand(*x.shape[:-1], n).contiguous())
-    return _epilogue(sgemm.product(x, weight, bias, n), act, residual)
+        return avx2.product(x, weight, bias, n, residual.expand(*x.shape[:-1], n).contiguous())
+    return _epilogue(avx2.product(x, weight, bias, n), act, residual)
 
 
 _SGEMM: list[tuple[cpu.Policy, bool]] = []  # (the policy, whether the kernel runs under it)
@@ -261,7 +261,7 @@ def _sgemm_here() -> bool:
     if _SGEMM and _SGEMM[0][0] is policy:
         return _SGEMM[0][1]
     ok = policy.float32_kernel == "sgemm-avx2"
-    if ok and (why := sgemm.load()) is not None:
+    if ok and (why := avx2.load()) is not None:
         if policy.float32_kernel_why.startswith("forced"):
             raise RuntimeError(f"{policy.float32_kernel_why}, but it cannot run here: {why}")
         warnings.warn(
@@ -431,7 +431,7 @@ def _stack(
         elif layout == "mkl":
             weight = _mkl_pack(weight.contiguous(), MKL_PACK_ROWS)
         elif layout == "sgemm":
-            weight = sgemm.pack(weight)
+            weight = avx2.pack(weight)
         return weight, bias
 
 

@@ -1,8 +1,9 @@
-"""bertlab's AVX2 float32 kernel (bertlab/nn/sgemm.py, sgemm_avx2.c): its products against a
-float64 reference at every shape the blocks and panels meet, the same bits on any thread count,
-the whole model on it equal to PyTorch's own products, and where it cannot be built (no
-compiler, a failed build) a warning and oneDNN's products, or, where it was forced, an error
-saying why. The policy that chooses it is tested with each CPU class simulated (test_cpu.py)."""
+"""bertlab's AVX2 float32 kernels (bertlab/nn/avx2.py, sgemm_avx2.c, attention_avx2.c): products
+and attention against a float64 reference at every shape their blocks meet, the same bits on any
+thread count, the whole model on them equal to PyTorch's own kernels, bad shapes refused by
+name, and where they cannot be built (no compiler, a failed build) a warning and oneDNN's
+products, or, where forced, an error saying why. The policy that chooses them is tested with
+each CPU class simulated (test_cpu.py)."""
 
 import dataclasses
 import os
@@ -15,9 +16,10 @@ import torch
 import torch.nn.functional as F
 from helpers import small_encoder
 
-from bertlab.nn import cpu, products, sgemm
+from bertlab.nn import avx2, cpu, products
+from bertlab.nn.packing import Packing
 
-WHY = sgemm.load()
+WHY = avx2.load()
 needs_kernel = pytest.mark.skipif(WHY is not None, reason=f"sgemm-avx2 cannot run here: {WHY}")
 
 
@@ -45,11 +47,11 @@ def weights(rows, k, n, seed=0):
 )
 def test_products_equal_a_float64_reference_at_every_block_and_panel_shape(rows, k, n):
     x, w, b, add = weights(rows, k, n)
-    panels = sgemm.pack(w)
+    panels = avx2.pack(w)
     assert panels.shape == (-(-n // 16), k, 16)
     want = F.linear(x.double(), w.double(), b.double())
     for bias, plus in [(b, None), (None, None), (b, add), (None, add)]:
-        got = sgemm.product(x, panels, bias, n, plus)
+        got = avx2.product(x, panels, bias, n, plus)
         ref = want - (0 if bias is not None else b.double()) + (0 if plus is None else plus)
         assert got.shape == (rows, n) and got.dtype == torch.float32
         # float32 sums of k terms of size ~1: within a few units of float32's last place
@@ -59,15 +61,15 @@ def test_products_equal_a_float64_reference_at_every_block_and_panel_shape(rows,
 @needs_kernel
 def test_leading_dimensions_no_rows_and_a_view_as_input():
     x, w, b, _ = weights(12, 64, 40)
-    panels = sgemm.pack(w)
+    panels = avx2.pack(w)
     batch = x.view(3, 4, 64)
-    got = sgemm.product(batch, panels, b, 40)
+    got = avx2.product(batch, panels, b, 40)
     assert got.shape == (3, 4, 40)
     torch.testing.assert_close(got, F.linear(batch, w, b), rtol=1e-5, atol=1e-5)
     strided = x.t().contiguous().t()  # the same numbers, not row-major
-    torch.testing.assert_close(sgemm.product(strided, panels, b, 40), F.linear(x, w, b),
+    torch.testing.assert_close(avx2.product(strided, panels, b, 40), F.linear(x, w, b),
                                rtol=1e-5, atol=1e-5)  # fmt: skip
-    assert sgemm.product(x[:0], panels, b, 40).shape == (0, 40)
+    assert avx2.product(x[:0], panels, b, 40).shape == (0, 40)
 
 
 @needs_kernel
@@ -75,13 +77,13 @@ def test_panels_and_inputs_at_any_address_give_the_same_bits():
     """Tensors whose data start a float past an aligned address (a view at an offset, a
     compiled program's constants): the kernel's loads need no alignment."""
     x, w, b, add = weights(9, 64, 40)
-    panels = sgemm.pack(w)
-    want = sgemm.product(x, panels, b, 40, add)
+    panels = avx2.pack(w)
+    want = avx2.product(x, panels, b, 40, add)
 
     def shifted(t):
         return torch.empty(t.numel() + 1)[1:].view(t.shape).copy_(t)
 
-    got = sgemm.product(shifted(x), shifted(panels), shifted(b), 40, shifted(add))
+    got = avx2.product(shifted(x), shifted(panels), shifted(b), 40, shifted(add))
     assert shifted(panels).data_ptr() % 32 != 0 and torch.equal(got, want)
 
 
@@ -89,13 +91,13 @@ def test_panels_and_inputs_at_any_address_give_the_same_bits():
 def test_every_thread_count_gives_the_same_bits():
     """Each output is one thread's sum, in input order, whatever the split."""
     x, w, b, add = weights(50, 384, 1152)
-    panels = sgemm.pack(w)
+    panels = avx2.pack(w)
     threads = torch.get_num_threads()
     try:
         outs = []
         for t in (1, 2, 3):
             torch.set_num_threads(t)
-            outs.append(sgemm.product(x, panels, b, 1152, add))
+            outs.append(avx2.product(x, panels, b, 1152, add))
     finally:
         torch.set_num_threads(threads)
     assert all(torch.equal(outs[0], o) for o in outs[1:])
@@ -104,16 +106,16 @@ def test_every_thread_count_gives_the_same_bits():
 @needs_kernel
 def test_shapes_that_do_not_fit_are_refused_naming_them():
     x, w, b, add = weights(4, 64, 40)
-    panels = sgemm.pack(w)
+    panels = avx2.pack(w)
     for bad in [
-        lambda: sgemm.product(x[:, :32], panels, b, 40),  # inputs
-        lambda: sgemm.product(x, panels, b, 48),  # outputs
-        lambda: sgemm.product(x, panels, b[:8], 40),
-        lambda: sgemm.product(x, panels, b, 40, add[:2]),
-        lambda: sgemm.product(x.double(), panels, b, 40),
-        lambda: sgemm.product(x, panels.transpose(0, 1).contiguous().transpose(0, 1), b, 40),
+        lambda: avx2.product(x[:, :32], panels, b, 40),  # inputs
+        lambda: avx2.product(x, panels, b, 48),  # outputs
+        lambda: avx2.product(x, panels, b[:8], 40),
+        lambda: avx2.product(x, panels, b, 40, add[:2]),
+        lambda: avx2.product(x.double(), panels, b, 40),
+        lambda: avx2.product(x, panels.transpose(0, 1).contiguous().transpose(0, 1), b, 40),
     ]:
-        with pytest.raises(ValueError, match=r"sgemm.product: input \(4, (64|32)\)"):
+        with pytest.raises(ValueError, match=r"avx2.product: input \(4, (64|32)\)"):
             bad()
 
 
@@ -133,8 +135,8 @@ def test_the_model_on_sgemm_equals_pytorchs_own_products(dtype, monkeypatch):
     states equal those of nn.Linear within the dtype's tolerance."""
     on_sgemm(monkeypatch)
     calls = []
-    real = sgemm.product
-    monkeypatch.setattr(sgemm, "product", lambda *a: calls.append(a) or real(*a))
+    real = avx2.product
+    monkeypatch.setattr(avx2, "product", lambda *a: calls.append(a) or real(*a))
     model, ids, mask = small_encoder(dtype)
     if dtype == torch.bfloat16 and cpu.current().products[dtype] != "float32":
         pytest.skip("bfloat16 runs natively here, not by the float32 route")
@@ -155,35 +157,35 @@ def test_the_model_on_sgemm_equals_pytorchs_own_products(dtype, monkeypatch):
 def _without_compiler(monkeypatch, tmp_path, compiler):
     monkeypatch.setenv("CC", str(compiler))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setattr(sgemm, "_LOADED", [])
+    monkeypatch.setattr(avx2, "_LOADED", [])
 
 
-@pytest.mark.skipif(sgemm.why_not() is not None, reason=f"{sgemm.why_not()}")
+@pytest.mark.skipif(avx2.why_not() is not None, reason=f"{avx2.why_not()}")
 def test_a_failed_build_says_why_and_leaves_nothing_half_written(monkeypatch, tmp_path):
     script = tmp_path / "cc"
     script.write_text("#!/bin/sh\necho 'error: this compiler builds nothing' >&2\nexit 1\n")
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
     _without_compiler(monkeypatch, tmp_path, script)
-    why = sgemm.load()
-    assert why is not None and "could not build sgemm_avx2.c" in why
+    why = avx2.load()
+    assert why is not None and "could not build sgemm_avx2.c, attention_avx2.c" in why
     assert "this compiler builds nothing" in why
     kernels = tmp_path / "cache" / "bertlab" / "kernels"
     assert not list(kernels.iterdir())  # no half-written library to load next time
-    with pytest.raises(RuntimeError, match="the sgemm-avx2 kernel cannot run here: .*could not"):
-        sgemm.product(torch.ones(1, 4), torch.ones(1, 4, 16), None, 16)
+    with pytest.raises(RuntimeError, match="bertlab's AVX2 kernels cannot run here: .*could not"):
+        avx2.product(torch.ones(1, 4), torch.ones(1, 4, 16), None, 16)
 
 
-@pytest.mark.skipif(sgemm.why_not() is not None, reason=f"{sgemm.why_not()}")
+@pytest.mark.skipif(avx2.why_not() is not None, reason=f"{avx2.why_not()}")
 def test_a_build_lands_in_the_cache_folder_under_its_final_name_only(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setattr(sgemm, "_LOADED", [])
-    runtimes = sgemm._gomp_paths()  # (other libraries may have brought their own libgomp)
-    assert sgemm.load() is None
+    monkeypatch.setattr(avx2, "_LOADED", [])
+    runtimes = avx2._gomp_paths()  # (other libraries may have brought their own libgomp)
+    assert avx2.load() is None
     files = os.listdir(tmp_path / "cache" / "bertlab" / "kernels")
-    assert len(files) == 1 and files[0].startswith("bertlab-sgemm-avx2-")
+    assert len(files) == 1 and files[0].startswith("bertlab-avx2-")
     assert files[0].endswith(".so")
     # the kernel took PyTorch's OpenMP runtime, already loaded, and brought no other
-    assert sgemm._gomp_paths() == runtimes
+    assert avx2._gomp_paths() == runtimes
     assert any(path.startswith(os.path.dirname(torch.__file__)) for path in runtimes)
 
 
@@ -225,8 +227,8 @@ def test_inference_tensor_weights_take_pytorchs_product(monkeypatch):
     them (a stale copy could not be told apart): F.linear computes, with the same numbers."""
     on_sgemm(monkeypatch)
     calls = []
-    real = sgemm.product
-    monkeypatch.setattr(sgemm, "product", lambda *a: calls.append(a) or real(*a))
+    real = avx2.product
+    monkeypatch.setattr(avx2, "product", lambda *a: calls.append(a) or real(*a))
     with torch.inference_mode():
         layer = torch.nn.Linear(64, 40)
         x = torch.randn(5, 64)
@@ -235,7 +237,7 @@ def test_inference_tensor_weights_take_pytorchs_product(monkeypatch):
     assert not calls and layer not in products._PACKED["sgemm"]
 
 
-@pytest.mark.skipif(sgemm.why_not() is not None, reason=f"{sgemm.why_not()}")
+@pytest.mark.skipif(avx2.why_not() is not None, reason=f"{avx2.why_not()}")
 def test_an_unwritable_cache_folder_builds_in_a_fresh_private_one(monkeypatch, tmp_path):
     blocked = tmp_path / "cache"
     blocked.write_text("a file where the cache folder would be")  # mkdir beneath it fails
@@ -243,11 +245,137 @@ def test_an_unwritable_cache_folder_builds_in_a_fresh_private_one(monkeypatch, t
     monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
     monkeypatch.setattr(tempfile, "tempdir", None)  # (read TMPDIR again)
-    monkeypatch.setattr(sgemm, "_LOADED", [])
-    assert sgemm.load() is None
+    monkeypatch.setattr(avx2, "_LOADED", [])
+    assert avx2.load() is None
     (private,) = (tmp_path / "tmp").iterdir()
     assert (
         private.name.startswith("bertlab-kernels-")
         and stat.S_IMODE(private.stat().st_mode) == 0o700
     )
-    assert [f.name.startswith("bertlab-sgemm-avx2-") for f in private.iterdir()] == [True]
+    assert [f.name.startswith("bertlab-avx2-") for f in private.iterdir()] == [True]
+
+
+# ============================================================================ attention
+def packed_qkv(lengths, heads, d, seed=0):
+    """q, k, v (N, heads, d) as views of one (N, 3 * heads * d) product output, as the model
+    makes them, and the packing of sequences of ``lengths``."""
+    g = torch.Generator().manual_seed(seed)
+    n, width = sum(lengths), heads * d
+    qkv = torch.randn(n, 3 * width, generator=g)
+    q, k, v = (t.view(n, heads, d) for t in qkv.split(width, -1))
+    longest = max(lengths)
+    mask = torch.arange(longest)[None] < torch.tensor(lengths)[:, None]
+    return q, k, v, Packing.from_mask(mask, len(lengths), longest, torch.device("cpu"))
+
+
+def reference_attention(q, k, v, lengths):
+    """softmax(q k^T / sqrt(d)) v of each sequence alone, in float64."""
+    out, start = [], 0
+    for n in lengths:
+        qs, ks, vs = (t[start : start + n].double().transpose(0, 1) for t in (q, k, v))
+        p = (qs @ ks.transpose(1, 2) * q.shape[-1] ** -0.5).softmax(-1)
+        out.append((p @ vs).transpose(0, 1))
+        start += n
+    return torch.cat(out)
+
+
+@needs_kernel
+@pytest.mark.parametrize(
+    ("lengths", "heads", "d"),
+    [
+        ((21,), 12, 32),  # a short sentence at the bundled model's shape
+        ((1,), 2, 32),  # one token: its own value
+        ((9, 30, 1, 33, 17), 4, 64),  # mixed lengths, some past a multiple of 32 keys
+        ((96,), 2, 8),  # past the longest the policy gives it, the narrowest head
+        ((7, 40), 3, 24),  # a head of 24: a partial block of outputs
+    ],
+)
+def test_attention_equals_a_float64_reference_for_every_sequence_on_its_own(lengths, heads, d):
+    q, k, v, packing = packed_qkv(lengths, heads, d)
+    got = avx2.attention(q, k, v, packing.cu_seqlens, packing.max_seqlen)
+    assert got.shape == q.shape and got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), reference_attention(q, k, v, lengths), rtol=1e-5,
+                               atol=2e-6)  # fmt: skip
+
+
+@needs_kernel
+def test_attention_keeps_large_scores_exact_and_gives_the_same_bits_on_every_thread_count():
+    """Scores of hundreds (the largest subtracted before e^x, none overflowing; the smallest
+    weights vanish), and each (sequence, head) computed by one thread, whatever the split."""
+    lengths = (50, 3, 64, 20)
+    q, k, v, packing = packed_qkv(lengths, 6, 32, seed=1)
+    q = q * 40  # scores up to a few hundred
+    want = reference_attention(q, k, v, lengths)
+    threads = torch.get_num_threads()
+    try:
+        outs = []
+        for t in (1, 2, 3):
+            torch.set_num_threads(t)
+            outs.append(avx2.attention(q, k, v, packing.cu_seqlens, packing.max_seqlen))
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+    assert torch.isfinite(outs[0]).all()
+    # float32 scores of hundreds carry rounding of about 1e-5 in any kernel: as close to the
+    # float64 reference as PyTorch's own float32 attention
+    start, pieces = 0, []
+    for n in lengths:
+        qs, ks, vs = (t[start : start + n].transpose(0, 1) for t in (q, k, v))
+        pieces.append(F.scaled_dot_product_attention(qs, ks, vs).transpose(0, 1))
+        start += n
+    theirs = (torch.cat(pieces).double() - want).abs().max()
+    ours = (outs[0].double() - want).abs().max()
+    assert ours <= 2 * theirs + 1e-6, (ours, theirs)
+
+
+@needs_kernel
+def test_attention_refuses_what_it_cannot_read_naming_it():
+    q, k, v, packing = packed_qkv((5, 6), 2, 32)
+    starts, longest = packing.cu_seqlens, packing.max_seqlen
+    narrow = torch.randn(11, 2, 12)
+    for bad in [
+        lambda: avx2.attention(q.double(), k, v, starts, longest),
+        lambda: avx2.attention(narrow, narrow, narrow, starts, longest),  # head of 12
+        lambda: avx2.attention(q, k[:10], v, starts, longest),
+        lambda: avx2.attention(
+            q.transpose(1, 2).contiguous().transpose(1, 2), k, v, starts, longest
+        ),  # fmt: skip
+        lambda: avx2.attention(q, k, v, starts.long(), longest),
+    ]:
+        with pytest.raises(ValueError, match=r"avx2.attention: q \(11, 2, (32|12)\)"):
+            bad()
+
+
+def spy_attention(monkeypatch):
+    calls = []
+    real = avx2.attention
+    monkeypatch.setattr(avx2, "attention", lambda *a: calls.append(a) or real(*a))
+    return calls
+
+
+@needs_kernel
+@pytest.mark.skipif(not products._onednn_here(), reason="float32 takes PyTorch's kernels here")
+def test_the_model_runs_attention_on_the_kernel_where_the_policy_says_and_only_then(monkeypatch):
+    """Float32 inference on sgemm-avx2's policy: every layer's attention is one call of the
+    kernel, and the hidden states equal those of PyTorch's attention kernel. Not under
+    another float32 kernel, not where a gradient is recorded, not past ATTENTION_TOKENS."""
+    on_sgemm(monkeypatch)
+    calls = spy_attention(monkeypatch)
+    model, ids, mask = small_encoder(torch.float32)
+    with torch.inference_mode():
+        got = model(ids, mask).last_hidden_state
+    assert len(calls) == 3
+    monkeypatch.setattr(avx2, "ATTENTION_TOKENS", 29)  # the longest row has 30 tokens
+    with torch.inference_mode():
+        want = model(ids, mask).last_hidden_state
+    assert len(calls) == 3
+    real = mask.bool()
+    torch.testing.assert_close(got[real], want[real], rtol=1e-5, atol=1e-5)
+    monkeypatch.setattr(avx2, "ATTENTION_TOKENS", 64)
+    model(ids, mask).last_hidden_state.sum().backward()  # a gradient recorded
+    assert len(calls) == 3
+    policy = dataclasses.replace(cpu.current(), float32_kernel="onednn")
+    monkeypatch.setattr(cpu, "_CURRENT", [policy])
+    with torch.inference_mode():
+        model(ids, mask)
+    assert len(calls) == 3

@@ -1,28 +1,39 @@
-"""bertlab's own float32 product for AVX2 CPUs: ``x W^T + b (+ add)`` on a weight packed once.
+"""bertlab's own float32 kernels for AVX2 CPUs: the product of a linear layer on a weight packed
+once, and the attention of short sequences.
 
     pack(weight)                              (N, K) -> (ceil(N/16), K, 16) panels
-    product(x, panels, bias, n, add=None)     (..., K) -> (..., N)
-    load()                                    build and load the kernel once: None, or why not
-    why_not()                                 why it cannot run in this process (None: it can)
+    product(x, panels, bias, n, add=None)     (..., K) -> (..., N): x W^T + b (+ add)
+    attention(q, k, v, starts, longest)       (N, A, D) each -> (N, A, D): packed sequences
+    load()                                    build and load the kernels once: None, or why not
+    why_not()                                 why they cannot run in this process (None: they can)
 
-products.py calls these for float32 products where ``cpu.current().float32_kernel`` is
-``"sgemm-avx2"``: on the avx2 class of AMD CPUs (EPYC Zen 2 and 3), where oneDNN's float32
-products ran slower than this kernel (docs/performance.md). The kernel is sgemm_avx2.c, beside
-this file: one loop of AVX2 fused multiply-adds over 6 rows x 16 columns, read in a sitting. It
-sums each output's terms in order, then adds the bias, so its results differ from oneDNN's and
-PyTorch's by rounding only (about 1e-6 relative).
+Where ``cpu.current().float32_kernel`` is ``"sgemm-avx2"`` (the avx2 class of AMD CPUs, EPYC Zen
+2 and 3, where oneDNN's float32 products and PyTorch's attention kernel ran slower than these:
+docs/performance.md), products.py sends every float32 product to ``product`` and attention.py's
+packed kernel sends inference batches whose sequences are at most ATTENTION_TOKENS long to
+``attention``. The kernels are C, beside this file, each read in a sitting:
 
-It is C, compiled once with the system's C compiler (``CC``, else ``cc``) into
+* sgemm_avx2.c: one loop of AVX2 fused multiply-adds over 6 rows x 16 columns. It sums each
+  output's terms in order, then adds the bias, so its results differ from oneDNN's and PyTorch's
+  by rounding only (about 1e-6 relative);
+* attention_avx2.c: softmax(q k^T / sqrt(D)) v for each (sequence, head) on its own, over that
+  sequence's tokens only: no padding, no masks, no gathered windows. Its e^x is a polynomial
+  (about 1 ulp), so its results differ from PyTorch's by rounding only.
+
+Neither depends on the thread count: each output is computed by one thread, in one order.
+
+They are compiled once with the system's C compiler (``CC``, else ``cc``) into one library in
 ``$XDG_CACHE_HOME/bertlab/kernels`` (else ``~/.cache/bertlab/kernels``; a fresh private
-temporary folder if that cannot be written), named by a hash of its source and flags, written to
-a temporary name and renamed, so processes that build it at once never load half a file. It
+temporary folder if that cannot be written), named by a hash of the sources and flags, written
+to a temporary name and renamed, so processes that build it at once never load half a file. It
 links PyTorch's OpenMP runtime (GNU libgomp, which torch has loaded), so its threads are
 PyTorch's threads: ``torch.set_num_threads`` sets both, and their spin (bertlab.openmp) is one.
 It is loaded with ctypes: no Python extension, no PyTorch headers, a build of about a second.
 
 Where it cannot run (no compiler, a failed build, an OpenMP runtime other than libgomp, a CPU
 without AVX2 and FMA), ``load`` returns why, products.py warns once and keeps oneDNN's
-products; a kernel forced by ``BERTLAB_FLOAT32_KERNEL=sgemm-avx2`` raises instead.
+products, and attention stays on PyTorch's kernel; a kernel forced by
+``BERTLAB_FLOAT32_KERNEL=sgemm-avx2`` raises instead.
 """
 
 from __future__ import annotations
@@ -35,16 +46,22 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import torch
 
 from bertlab.nn import cpu
 
 PANEL = 16  # output columns a panel holds (two AVX2 registers of 8 floats)
-SOURCE = Path(__file__).with_name("sgemm_avx2.c")
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("sgemm_avx2.c", "attention_avx2.c"))
+ATTENTION_TOKENS = 64  # the longest sequence ``attention`` is given. Against PyTorch's kernel
+# (the packed kernel's calls, 12 heads of 32, 2 threads): one sequence of 9 to 64 tokens
+# 0.49-0.87x the time, of 80 0.94x, of 96 1.04x, of 128 1.05x; 32 sequences of 21 0.43x, of
+# 40-45 0.35x, of 60-64 0.67x, of 90 1.06x (docs/performance.md)
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-fPIC", "-shared")
 
-_LOADED: list[object] = []  # [ctypes function] or [str: why not], once a process
+_LOADED: list[object] = []  # [the library's functions] or [str: why not], once a process
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
@@ -78,20 +95,17 @@ def product(
         or (add is not None and (add.shape != (*x.shape[:-1], n) or not add.is_contiguous()))
     ):
         raise ValueError(
-            f"sgemm.product: input {tuple(x.shape)} {x.dtype} does not fit panels "
+            f"avx2.product: input {tuple(x.shape)} {x.dtype} does not fit panels "
             f"{tuple(panels.shape)}{'' if panels.is_contiguous() else ' (not contiguous)'} for {n} "
             f"outputs (bias "
             f"{None if bias is None else tuple(bias.shape)}, add "
             f"{None if add is None else tuple(add.shape)})"
         )
-    kernel = _LOADED[0] if _LOADED else load() or _LOADED[0]
-    if isinstance(kernel, str):
-        raise RuntimeError(f"the sgemm-avx2 kernel cannot run here: {kernel}")
     x = x.contiguous()
     rows = x.numel() // k if k else 0
     out = x.new_empty(*x.shape[:-1], n)
     if rows and n:
-        kernel(
+        _kernels().sgemm(
             x.data_ptr(),
             rows,
             k,
@@ -103,6 +117,53 @@ def product(
             torch.get_num_threads(),
         )
     return out
+
+
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, starts: torch.Tensor, longest: int
+) -> torch.Tensor:
+    """q, k, v (N, A, D) float32, rows of packed sequences (views of one product's output are
+    fine: each row's heads contiguous) -> (N, A, D): softmax(q k^T / sqrt(D)) v of each sequence
+    over its own tokens, sequence b being rows ``starts[b]:starts[b + 1]`` (``starts`` int32,
+    (B + 1,), the last equal to N); ``longest`` the longest sequence's length. D a multiple of
+    8. The first call loads the kernels (RuntimeError, saying why, where they cannot run)."""
+    n, heads, d = q.shape
+    if (
+        any(t.dtype != torch.float32 or t.shape != q.shape for t in (k, v))
+        or q.dtype != torch.float32
+        or d % 8
+        or any(t.stride()[1:] != (d, 1) for t in (q, k, v))
+        or starts.dtype != torch.int32
+        or starts.dim() != 1
+        or not starts.is_contiguous()
+    ):
+        raise ValueError(
+            f"avx2.attention: q {tuple(q.shape)} {q.dtype} strides {q.stride()}, k "
+            f"{tuple(k.shape)} {k.dtype} strides {k.stride()}, v {tuple(v.shape)} {v.dtype} "
+            f"strides {v.stride()}, starts {tuple(starts.shape)} {starts.dtype}: float32 "
+            "(N, A, D) each, D a multiple of 8, each row's heads contiguous, starts int32 (B + 1,)"
+        )
+    functions = _kernels()
+    out = q.new_empty(n, heads, d)
+    if n and heads and d:
+        width = -(-longest // 32) * 32
+        threads = torch.get_num_threads()
+        scratch = q.new_empty(threads * (d + 1) * width)
+        functions.attention(
+            q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
+            out.data_ptr(), heads * d, starts.data_ptr(), starts.numel() - 1, longest, heads,
+            d, d**-0.5, scratch.data_ptr(), threads,
+        )  # fmt: skip
+    return out
+
+
+def _kernels() -> Any:
+    """The loaded library's functions (``.sgemm``, ``.attention``); RuntimeError where they
+    cannot run here."""
+    loaded = _LOADED[0] if _LOADED else load() or _LOADED[0]
+    if isinstance(loaded, str):
+        raise RuntimeError(f"bertlab's AVX2 kernels cannot run here: {loaded}")
+    return loaded
 
 
 def why_not() -> str | None:
@@ -123,17 +184,12 @@ def why_not() -> str | None:
 
 
 def load() -> str | None:
-    """Build (once a machine) and load (once a process) the kernel: None when it is ready,
-    else why it cannot run here."""
+    """Build (once a machine) and load (once a process) the kernels: None when they are ready,
+    else why they cannot run here."""
     if not _LOADED:
         why = why_not()
         _LOADED.append(why if why is not None else _build_and_load())
     return _LOADED[0] if isinstance(_LOADED[0], str) else None
-
-
-def reset() -> None:
-    """Load again on the next ``load()`` (tests)."""
-    _LOADED.clear()
 
 
 def _compiler() -> str | None:
@@ -161,13 +217,13 @@ def _cache_dirs() -> Iterator[Path]:
 
 
 def _build_and_load() -> object:
-    """The loaded kernel function, or why it could not be built or loaded (a string)."""
+    """The loaded library's functions, or why they could not be built or loaded (a string)."""
     compiler = _compiler()
-    source = SOURCE.read_bytes()
-    digest = hashlib.sha256(source + " ".join((compiler, *FLAGS)).encode()).hexdigest()[:16]
+    sources = b"".join(source.read_bytes() for source in SOURCES)
+    digest = hashlib.sha256(sources + " ".join((compiler, *FLAGS)).encode()).hexdigest()[:16]
     built, why = None, "no folder to build it in could be written"
     for folder in _cache_dirs():
-        target = folder / f"bertlab-sgemm-avx2-{digest}.so"
+        target = folder / f"bertlab-avx2-{digest}.so"
         if target.exists():
             built = target
             break
@@ -179,12 +235,13 @@ def _build_and_load() -> object:
             why = f"{folder} cannot be written ({e})"
             continue
         result = subprocess.run(
-            [compiler, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True
+            [compiler, *FLAGS, *map(str, SOURCES), "-o", tmp], capture_output=True, text=True
         )
         if result.returncode != 0:
             Path(tmp).unlink(missing_ok=True)
             tail = (result.stderr or result.stdout).strip().splitlines()[-3:]
-            return f"{compiler} could not build {SOURCE.name}: " + " / ".join(tail)
+            names = ", ".join(source.name for source in SOURCES)
+            return f"{compiler} could not build {names}: " + " / ".join(tail)
         os.replace(tmp, target)
         built = target
         break
@@ -200,8 +257,10 @@ def _build_and_load() -> object:
             f"{built.name} loaded a second libgomp ({', '.join(sorted(_gomp_paths() - before))}) "
             "beside PyTorch's; the kernel would run its own threads"
         )
-    fn = lib.bertlab_sgemm
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    fn.argtypes = [ptr, i64, i64, ptr, i64, ptr, ptr, ptr, ctypes.c_int]
-    fn.restype = None
-    return fn
+    i64, ptr, i32, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+    sgemm, attend = lib.bertlab_sgemm, lib.bertlab_attention
+    sgemm.argtypes = [ptr, i64, i64, ptr, i64, ptr, ptr, ptr, i32]
+    attend.argtypes = [ptr, i64, ptr, i64, ptr, i64, ptr, i64, ptr, i64, i64, i64, i64, f32,
+                       ptr, i32]  # fmt: skip
+    sgemm.restype = attend.restype = None
+    return SimpleNamespace(sgemm=sgemm, attention=attend)
