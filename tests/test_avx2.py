@@ -56,6 +56,26 @@ def test_products_equal_a_float64_reference_at_every_block_and_panel_shape(rows,
         assert got.shape == (rows, n) and got.dtype == torch.float32
         # float32 sums of k terms of size ~1: within a few units of float32's last place
         torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=2e-6 * k**0.5)
+        if plus is None:  # GELU inside the product, before any sum
+            got = avx2.product(x, panels, bias, n, None, True)
+            torch.testing.assert_close(got.double(), F.gelu(ref), rtol=1e-5, atol=2e-6 * k**0.5)
+
+
+@needs_kernel
+def test_gelu_inside_the_product_is_as_close_to_exact_gelu_as_pytorchs():
+    """The kernel's GELU (erfc by a polynomial, avx2_math.h) on every float32 from -12 to 12 in
+    steps of 2.4e-4 and at the extremes, through a product with the identity: within PyTorch's
+    own float32 GELU's distance of the float64 value, plus a unit of the last place."""
+    z = torch.cat([torch.linspace(-12, 12, 100_001), torch.tensor([0.0, -0.0, 1e-30, -1e-30,
+                   50.0, -50.0, 1e4, -1e4, 3e38, -3e38])])  # fmt: skip
+    rows = torch.cat([z, z.new_zeros(-z.numel() % 16)]).view(-1, 16)
+    got = avx2.product(rows, avx2.pack(torch.eye(16)), None, 16, None, True).flatten()[: z.numel()]
+    exact = F.gelu(z.double())
+    theirs = (F.gelu(z).double() - exact).abs().max()
+    assert theirs < 1e-6  # (what PyTorch's float32 GELU reaches)
+    err = (got.double() - exact).abs()
+    assert (err <= theirs + 1.2e-7 * exact.abs()).all(), z[err.argmax()]
+    assert torch.isfinite(got).all()
 
 
 @needs_kernel
@@ -144,6 +164,7 @@ def test_the_model_on_sgemm_equals_pytorchs_own_products(dtype, monkeypatch):
         got = model(ids, mask, output_hidden_states=True)
         assert len(calls) == 4 * 3
         assert sum(len(c) > 4 and c[4] is not None for c in calls) == 2 * 3  # two sums a layer
+        assert sum(len(c) > 5 and c[5] for c in calls) == 3  # GELU inside the product
         model.set_fast_inference(False)
         want = model(ids, mask, output_hidden_states=True)
     assert len(calls) == 4 * 3

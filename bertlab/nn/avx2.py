@@ -2,7 +2,8 @@
 once, and the attention of short sequences.
 
     pack(weight)                              (N, K) -> (ceil(N/16), K, 16) panels
-    product(x, panels, bias, n, add=None)     (..., K) -> (..., N): x W^T + b (+ add)
+    product(x, panels, bias, n, add=None, gelu=False)
+                                              (..., K) -> (..., N): act(x W^T + b) (+ add)
     attention(q, k, v, starts, longest)       (N, A, D) each -> (N, A, D): packed sequences
     load()                                    build and load the kernels once: None, or why not
     why_not()                                 why they cannot run in this process (None: they can)
@@ -15,7 +16,9 @@ packed kernel sends inference batches whose sequences are at most ATTENTION_TOKE
 
 * sgemm_avx2.c: one loop of AVX2 fused multiply-adds over 6 rows x 16 columns. It sums each
   output's terms in order, then adds the bias, so its results differ from oneDNN's and PyTorch's
-  by rounding only (about 1e-6 relative);
+  by rounding only (about 1e-6 relative). The feed-forward network's GELU (with erf) is applied
+  to each block while it is in registers, by a polynomial (avx2_math.h: erfc to 1.2e-7
+  relative), which differs from PyTorch's GELU by rounding only;
 * attention_avx2.c: softmax(q k^T / sqrt(D)) v for each (sequence, head) on its own, over that
   sequence's tokens only: no padding, no masks, no gathered windows. Its e^x is a polynomial
   (about 1 ulp), so its results differ from PyTorch's by rounding only.
@@ -55,10 +58,11 @@ from bertlab.nn import cpu
 
 PANEL = 16  # output columns a panel holds (two AVX2 registers of 8 floats)
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("sgemm_avx2.c", "attention_avx2.c"))
+HEADER = Path(__file__).with_name("avx2_math.h")  # e^x and GELU, included by both
 ATTENTION_TOKENS = 64  # the longest sequence ``attention`` is given. Against PyTorch's kernel
-# (the packed kernel's calls, 12 heads of 32, 2 threads): one sequence of 9 to 64 tokens
-# 0.49-0.87x the time, of 80 0.94x, of 96 1.04x, of 128 1.05x; 32 sequences of 21 0.43x, of
-# 40-45 0.35x, of 60-64 0.67x, of 90 1.06x (docs/performance.md)
+# (the packed kernel's calls, 12 heads of 32, 2 threads, 2026-11-28): one sequence of 9 to 64
+# tokens took 0.47-0.71x the time, of 80 to 256 0.99-1.08x; 32 sequences of 21 to 64 tokens
+# 0.44-0.52x, of 90 0.89x, of 128 1.02x (docs/performance.md)
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-fPIC", "-shared")
 
 _LOADED: list[object] = []  # [the library's functions] or [str: why not], once a process
@@ -81,10 +85,12 @@ def product(
     bias: torch.Tensor | None,
     n: int,
     add: torch.Tensor | None = None,
+    gelu: bool = False,
 ) -> torch.Tensor:
-    """(..., K) float32 -> (..., n): ``x W^T + bias (+ add)``, W packed by ``pack`` into
-    ``panels``; ``bias`` (n) or None, ``add`` (..., n) or None. The first call loads the kernel
-    (RuntimeError, saying why, where it cannot run)."""
+    """(..., K) float32 -> (..., n): ``act(x W^T + bias) (+ add)``, W packed by ``pack`` into
+    ``panels``; ``bias`` (n) or None, ``add`` (..., n) or None; act GELU with erf where
+    ``gelu``, else none. The first call loads the kernels (RuntimeError, saying why, where they
+    cannot run)."""
     k = x.shape[-1]
     if (
         x.dtype != torch.float32
@@ -112,6 +118,7 @@ def product(
             panels.data_ptr(),
             n,
             None if bias is None else bias.data_ptr(),
+            bool(gelu),
             None if add is None else add.data_ptr(),
             out.data_ptr(),
             torch.get_num_threads(),
@@ -148,7 +155,7 @@ def attention(
     if n and heads and d:
         width = -(-longest // 32) * 32
         threads = torch.get_num_threads()
-        scratch = q.new_empty(threads * (d + 1) * width)
+        scratch = q.new_empty(threads * (d + 2) * width)
         functions.attention(
             q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
             out.data_ptr(), heads * d, starts.data_ptr(), starts.numel() - 1, longest, heads,
@@ -219,7 +226,7 @@ def _cache_dirs() -> Iterator[Path]:
 def _build_and_load() -> object:
     """The loaded library's functions, or why they could not be built or loaded (a string)."""
     compiler = _compiler()
-    sources = b"".join(source.read_bytes() for source in SOURCES)
+    sources = b"".join(source.read_bytes() for source in (*SOURCES, HEADER))
     digest = hashlib.sha256(sources + " ".join((compiler, *FLAGS)).encode()).hexdigest()[:16]
     built, why = None, "no folder to build it in could be written"
     for folder in _cache_dirs():
@@ -259,7 +266,7 @@ def _build_and_load() -> object:
         )
     i64, ptr, i32, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_float
     sgemm, attend = lib.bertlab_sgemm, lib.bertlab_attention
-    sgemm.argtypes = [ptr, i64, i64, ptr, i64, ptr, ptr, ptr, i32]
+    sgemm.argtypes = [ptr, i64, i64, ptr, i64, ptr, i32, ptr, ptr, i32]
     attend.argtypes = [ptr, i64, ptr, i64, ptr, i64, ptr, i64, ptr, i64, i64, i64, i64, f32,
                        ptr, i32]  # fmt: skip
     sgemm.restype = attend.restype = None

@@ -22,7 +22,8 @@ traced, and the CPU's class (cpu.py: ``cpu.current().products`` maps a dtype to 
               the first time such a product runs, and the epilogue follows in place. Where
               ``cpu.current().float32_kernel == "sgemm-avx2"`` (AMD's AVX2 CPUs) every float32
               product runs on bertlab's own kernel instead (avx2.py), on the weight packed in
-              its panels, the residual summed inside it, the activation in place after.
+              its panels, the residual or GELU applied inside it (another activation in place
+              after).
     "float32" the same layer in bfloat16 on a CPU without bfloat16 instructions, where
               PyTorch's bfloat16 products emulate them several times slower than float32: the
               product is computed in float32 (on oneDNN's packed float32 copy of the weight on
@@ -64,7 +65,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bertlab.nn import avx2, cpu
-from bertlab.nn.activations import activation_of
+from bertlab.nn.activations import ACTIVATIONS, activation_of
 from bertlab.nn.packing import round_rows, tracing
 from bertlab.nn.precision import Int8Linear, int8_product, int8_weight
 
@@ -239,14 +240,17 @@ def _sgemm(
     act: nn.Module | None,
     residual: torch.Tensor | None,
 ) -> torch.Tensor:
-    """``residual + act(x W^T + b)`` in float32 by bertlab's AVX2 kernel (avx2.py), the
-    residual summed inside it where no activation comes first, the activation in place after."""
+    """``residual + act(x W^T + b)`` in float32 by bertlab's AVX2 kernel (avx2.py): GELU (with
+    erf) applied inside it, and the residual summed inside it where no activation comes first;
+    another activation in place after."""
     weight, bias = packed(layers, torch.float32, kernel="sgemm")
     if weight.dim() != 3:  # an inference tensor's weight, not packed (see packed())
         return _epilogue(F.linear(x, weight, bias), act, residual)
     n = sum(layer.out_features for layer in layers)
     if act is None and residual is not None and residual.dtype == torch.float32:
         return avx2.product(x, weight, bias, n, residual.expand(*x.shape[:-1], n).contiguous())
+    if act is not None and activation_of(act) is ACTIVATIONS["gelu"]:
+        return _epilogue(avx2.product(x, weight, bias, n, None, True), None, residual)
     return _epilogue(avx2.product(x, weight, bias, n), act, residual)
 
 

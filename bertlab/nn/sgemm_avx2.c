@@ -1,15 +1,17 @@
-/* bertlab's float32 product for AVX2 CPUs: c = a . w^T + bias (+ add), on w packed once.
+/* bertlab's float32 product for AVX2 CPUs: c = act(a . w^T + bias) (+ add), on w packed once,
+   act GELU (with erf) or none.
 
-   Built and loaded by sgemm.py, which says when it is used and why (bertlab.nn.cpu chooses it).
+   Built and loaded by avx2.py, which says when it is used and why (bertlab.nn.cpu chooses it).
 
    a       (m, k) row-major: the input rows
    panels  the weight w (n, k) in panels of 16 output columns: panel p holds, for each of the k
            inputs in turn, the 16 weights of columns 16p..16p+15 (zeros past n); so one panel is
            one contiguous (k, 16) block, read from start to end by each pass over it
    bias    (n) or NULL;  add  (m, n) row-major or NULL (a residual summed into the result)
+   gelu    nonzero: GELU applied to each sum and bias while it is in a register (avx2_math.h)
    c       (m, n) row-major: the output
 
-   Each thread takes whole panels (OpenMP, PyTorch's own runtime: sgemm.py checks that one
+   Each thread takes whole panels (OpenMP, PyTorch's own runtime: avx2.py checks that one
    libgomp is loaded). For each panel, the rows go through in blocks of 6: 6 rows x 16 columns
    of sums stay in 12 AVX2 registers while the k inputs stream past, each step one pair of
    panel loads, 6 broadcasts of an input and 12 fused multiply-adds. The panel (k x 16 floats:
@@ -20,6 +22,8 @@
 
 #include <immintrin.h>
 #include <stdint.h>
+
+#include "avx2_math.h"
 
 #define PANEL 16
 #define ROWS 6
@@ -33,22 +37,27 @@
     s##r##0 = _mm256_fmadd_ps(x, w0, s##r##0);                            \
     s##r##1 = _mm256_fmadd_ps(x, w1, s##r##1);                            \
   }
-#define STORE(r)                                                          \
-  if (R > r) {                                                            \
-    if (bias) {                                                           \
-      s##r##0 = _mm256_add_ps(s##r##0, _mm256_loadu_ps(bias));            \
-      s##r##1 = _mm256_add_ps(s##r##1, _mm256_loadu_ps(bias + 8));        \
-    }                                                                     \
-    if (add) {                                                            \
+#define STORE(r)                                                              \
+  if (R > r) {                                                                \
+    if (bias) {                                                               \
+      s##r##0 = _mm256_add_ps(s##r##0, _mm256_loadu_ps(bias));                \
+      s##r##1 = _mm256_add_ps(s##r##1, _mm256_loadu_ps(bias + 8));            \
+    }                                                                         \
+    if (gelu) {                                                               \
+      s##r##0 = gelu8(s##r##0);                                               \
+      s##r##1 = gelu8(s##r##1);                                               \
+    }                                                                         \
+    if (add) {                                                                \
       s##r##0 = _mm256_add_ps(s##r##0, _mm256_loadu_ps(add + (r) * ldc));     \
       s##r##1 = _mm256_add_ps(s##r##1, _mm256_loadu_ps(add + (r) * ldc + 8)); \
-    }                                                                     \
-    _mm256_storeu_ps(c + (r) * ldc, s##r##0);                             \
-    _mm256_storeu_ps(c + (r) * ldc + 8, s##r##1);                         \
+    }                                                                         \
+    _mm256_storeu_ps(c + (r) * ldc, s##r##0);                                 \
+    _mm256_storeu_ps(c + (r) * ldc + 8, s##r##1);                             \
   }
 #define BLOCK(R_)                                                                         \
   static void block##R_(const float *a, int64_t lda, const float *panel, int64_t k,        \
-                        const float *bias, const float *add, float *c, int64_t ldc) {      \
+                        const float *bias, int gelu, const float *add, float *c,           \
+                        int64_t ldc) {                                                    \
     enum { R = R_ };                                                                      \
     const __m256 z = _mm256_setzero_ps();                                                 \
     __m256 s00 = z, s01 = z, s10 = z, s11 = z, s20 = z, s21 = z;                          \
@@ -64,14 +73,14 @@ BLOCK(1) BLOCK(2) BLOCK(3) BLOCK(4) BLOCK(5) BLOCK(6)
 
 /* A block of `rows` rows (1 to 6): each size is its own function, its sums in registers. */
 static void block(int rows, const float *a, int64_t lda, const float *panel, int64_t k,
-                  const float *bias, const float *add, float *c, int64_t ldc) {
+                  const float *bias, int gelu, const float *add, float *c, int64_t ldc) {
   switch (rows) {
-    case 6: block6(a, lda, panel, k, bias, add, c, ldc); break;
-    case 5: block5(a, lda, panel, k, bias, add, c, ldc); break;
-    case 4: block4(a, lda, panel, k, bias, add, c, ldc); break;
-    case 3: block3(a, lda, panel, k, bias, add, c, ldc); break;
-    case 2: block2(a, lda, panel, k, bias, add, c, ldc); break;
-    default: block1(a, lda, panel, k, bias, add, c, ldc); break;
+    case 6: block6(a, lda, panel, k, bias, gelu, add, c, ldc); break;
+    case 5: block5(a, lda, panel, k, bias, gelu, add, c, ldc); break;
+    case 4: block4(a, lda, panel, k, bias, gelu, add, c, ldc); break;
+    case 3: block3(a, lda, panel, k, bias, gelu, add, c, ldc); break;
+    case 2: block2(a, lda, panel, k, bias, gelu, add, c, ldc); break;
+    default: block1(a, lda, panel, k, bias, gelu, add, c, ldc); break;
   }
 }
 
@@ -79,18 +88,19 @@ static void block(int rows, const float *a, int64_t lda, const float *panel, int
    scratch (its bias and add read through scratch copies too), then its first `cols` columns are
    copied out. */
 static void partial(int rows, int cols, const float *a, int64_t lda, const float *panel,
-                    int64_t k, const float *bias, const float *add, float *c, int64_t ldc) {
-  float out[ROWS * PANEL], plus[ROWS * PANEL], b[PANEL] = {0};
+                    int64_t k, const float *bias, int gelu, const float *add, float *c,
+                    int64_t ldc) {
+  float out[ROWS * PANEL], plus[ROWS * PANEL] = {0}, b[PANEL] = {0};
   for (int j = 0; j < cols; j++) b[j] = bias ? bias[j] : 0.f;
   for (int r = 0; r < rows; r++)
     for (int j = 0; j < PANEL; j++) plus[r * PANEL + j] = add && j < cols ? add[r * ldc + j] : 0.f;
-  block(rows, a, lda, panel, k, b, add ? plus : 0, out, PANEL);
+  block(rows, a, lda, panel, k, b, gelu, add ? plus : 0, out, PANEL);
   for (int r = 0; r < rows; r++)
     for (int j = 0; j < cols; j++) c[r * ldc + j] = out[r * PANEL + j];
 }
 
 void bertlab_sgemm(const float *a, int64_t m, int64_t k, const float *panels, int64_t n,
-                   const float *bias, const float *add, float *c, int threads) {
+                   const float *bias, int gelu, const float *add, float *c, int threads) {
   const int64_t count = (n + PANEL - 1) / PANEL;
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t p = 0; p < count; p++) {
@@ -101,9 +111,10 @@ void bertlab_sgemm(const float *a, int64_t m, int64_t k, const float *panels, in
       const int rows = m - row < ROWS ? (int)(m - row) : ROWS;
       const float *plus = add ? add + row * n + col : 0;
       if (cols == PANEL)
-        block(rows, a + row * k, k, panel, k, bias ? bias + col : 0, plus, c + row * n + col, n);
+        block(rows, a + row * k, k, panel, k, bias ? bias + col : 0, gelu, plus,
+              c + row * n + col, n);
       else
-        partial(rows, cols, a + row * k, k, panel, k, bias ? bias + col : 0, plus,
+        partial(rows, cols, a + row * k, k, panel, k, bias ? bias + col : 0, gelu, plus,
                 c + row * n + col, n);
     }
   }
