@@ -248,3 +248,29 @@ def test_the_int8_kernels_harness_lists_each_kernel_or_why_not_and_restores_the_
     with pytest.raises(ZeroDivisionError):
         under(other, lambda: 1 / 0)()
     assert cpu.current() is before
+
+
+def test_the_attention_harness_refuses_bad_arguments_and_compares_the_same_attention(capsys):
+    import dataclasses
+
+    import torch
+
+    from bertlab.nn import attention, avx2, cpu
+
+    small = harness("attention_small")
+    with pytest.raises(SystemExit):
+        small.main(["--rounds", "0"])
+    assert "--rounds 0 must be at least 1" in capsys.readouterr().err
+    q, k, v, packing = small.inputs([21, 9, 21])
+    assert q.shape == (51, 12, 32) and packing.lengths == (21, 9, 21)
+    if avx2.load() is not None:
+        pytest.skip(f"bertlab's AVX2 attention cannot run here: {avx2.load()}")
+    here = cpu.current()
+    outs = []
+    try:
+        for kernel in ("onednn", "sgemm-avx2"):  # the harness's two ways
+            cpu._CURRENT[:] = [dataclasses.replace(here, float32_kernel=kernel)]
+            outs.append(attention.packed_attention(q, k, v, packing, 0.0)[0])
+    finally:
+        cpu._CURRENT[:] = [here]
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)

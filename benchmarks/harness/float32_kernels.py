@@ -1,12 +1,14 @@
-"""bertlab float32 with its products on bertlab's AVX2 kernel (sgemm-avx2) against the same model
-with them on oneDNN's, and ONNX Runtime float32 beside both: the whole model, on the workloads
-and runners of ``bertlab bench runtimes`` (real tokens per second, bundled model, sentence
-embeddings), alternating in one process (``bertlab.bench.speed.alternate``), so the choice
+"""bertlab float32 on bertlab's AVX2 kernels (sgemm-avx2: the products, GELU inside them, and the
+attention of sequences of at most 64 tokens) against the same model on oneDNN's products and
+PyTorch's attention and GELU, and ONNX Runtime float32 beside both: the whole model, on the
+workloads and runners of ``bertlab bench runtimes`` (real tokens per second, bundled model,
+sentence embeddings), alternating in one process (``bertlab.bench.speed.alternate``), so the choice
 bertlab's policy makes on this CPU (``cpu.current().float32_kernel``) is measured against the
 other within one run.
 
-    bertlab-sgemm    the float32 model, its products on sgemm-avx2 (bertlab.nn.sgemm)
-    bertlab-onednn   the same model, its products on oneDNN's (BERTLAB_FLOAT32_KERNEL=onednn)
+    bertlab-sgemm    the float32 model on bertlab's AVX2 kernels (bertlab.nn.avx2)
+    bertlab-onednn   the same model, its products on oneDNN's (BERTLAB_FLOAT32_KERNEL=onednn),
+                     its attention and GELU on PyTorch's
     onnxruntime      ONNX Runtime float32 through its BERT optimizer, as in bench runtimes
 
 Prints each system's median tokens/s and its median ratio to ONNX Runtime over the rounds, per

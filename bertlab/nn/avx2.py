@@ -60,9 +60,9 @@ PANEL = 16  # output columns a panel holds (two AVX2 registers of 8 floats)
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("sgemm_avx2.c", "attention_avx2.c"))
 HEADER = Path(__file__).with_name("avx2_math.h")  # e^x and GELU, included by both
 ATTENTION_TOKENS = 64  # the longest sequence ``attention`` is given. Against PyTorch's kernel
-# (the packed kernel's calls, 12 heads of 32, 2 threads, 2026-11-28): one sequence of 9 to 64
-# tokens took 0.47-0.71x the time, of 80 to 256 0.99-1.08x; 32 sequences of 21 to 64 tokens
-# 0.44-0.52x, of 90 0.89x, of 128 1.02x (docs/performance.md)
+# (benchmarks/harness/attention_small.py, 12 heads of 32, 2 threads): up to 64 tokens it took
+# 0.46-0.64x the time on one sequence and 0.30-0.50x on 32; from 80 to 128 tokens one run gave
+# 0.78-0.96x and another 1.02-1.08x; at 256, 1.30x (benchmarks/attention-epyc-avx2.txt)
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-fPIC", "-shared")
 
 _LOADED: list[object] = []  # [the library's functions] or [str: why not], once a process

@@ -16,9 +16,9 @@
    of sums stay in 12 AVX2 registers while the k inputs stream past, each step one pair of
    panel loads, 6 broadcasts of an input and 12 fused multiply-adds. The panel (k x 16 floats:
    24 KiB at k = 384) stays in the core's cache while the row blocks pass over it, and the
-   weights are read from memory once a product. Each output sums its k terms in order, from
-   zero, then adds the bias. No load or store needs aligned memory (a tensor's data may start
-   anywhere). */
+   weights are read from memory once a product, each panel while the one before is computed.
+   Each output sums its k terms in order, from zero, then adds the bias. No load or store needs
+   aligned memory (a tensor's data may start anywhere). */
 
 #include <immintrin.h>
 #include <stdint.h>
@@ -57,7 +57,7 @@
 #define BLOCK(R_)                                                                         \
   static void block##R_(const float *a, int64_t lda, const float *panel, int64_t k,        \
                         const float *bias, int gelu, const float *add, float *c,           \
-                        int64_t ldc) {                                                    \
+                        int64_t ldc, const float *ahead) {                                \
     enum { R = R_ };                                                                      \
     const __m256 z = _mm256_setzero_ps();                                                 \
     __m256 s00 = z, s01 = z, s10 = z, s11 = z, s20 = z, s21 = z;                          \
@@ -65,6 +65,7 @@
     for (int64_t i = 0; i < k; i++) {                                                     \
       __m256 w0 = _mm256_loadu_ps(panel + i * PANEL);                                     \
       __m256 w1 = _mm256_loadu_ps(panel + i * PANEL + 8);                                 \
+      if (ahead) _mm_prefetch((const char *)(ahead + i * PANEL), _MM_HINT_T1);            \
       STEP(0) STEP(1) STEP(2) STEP(3) STEP(4) STEP(5)                                     \
     }                                                                                     \
     STORE(0) STORE(1) STORE(2) STORE(3) STORE(4) STORE(5)                                 \
@@ -73,14 +74,15 @@ BLOCK(1) BLOCK(2) BLOCK(3) BLOCK(4) BLOCK(5) BLOCK(6)
 
 /* A block of `rows` rows (1 to 6): each size is its own function, its sums in registers. */
 static void block(int rows, const float *a, int64_t lda, const float *panel, int64_t k,
-                  const float *bias, int gelu, const float *add, float *c, int64_t ldc) {
+                  const float *bias, int gelu, const float *add, float *c, int64_t ldc,
+                  const float *ahead) {
   switch (rows) {
-    case 6: block6(a, lda, panel, k, bias, gelu, add, c, ldc); break;
-    case 5: block5(a, lda, panel, k, bias, gelu, add, c, ldc); break;
-    case 4: block4(a, lda, panel, k, bias, gelu, add, c, ldc); break;
-    case 3: block3(a, lda, panel, k, bias, gelu, add, c, ldc); break;
-    case 2: block2(a, lda, panel, k, bias, gelu, add, c, ldc); break;
-    default: block1(a, lda, panel, k, bias, gelu, add, c, ldc); break;
+    case 6: block6(a, lda, panel, k, bias, gelu, add, c, ldc, ahead); break;
+    case 5: block5(a, lda, panel, k, bias, gelu, add, c, ldc, ahead); break;
+    case 4: block4(a, lda, panel, k, bias, gelu, add, c, ldc, ahead); break;
+    case 3: block3(a, lda, panel, k, bias, gelu, add, c, ldc, ahead); break;
+    case 2: block2(a, lda, panel, k, bias, gelu, add, c, ldc, ahead); break;
+    default: block1(a, lda, panel, k, bias, gelu, add, c, ldc, ahead); break;
   }
 }
 
@@ -94,7 +96,7 @@ static void partial(int rows, int cols, const float *a, int64_t lda, const float
   for (int j = 0; j < cols; j++) b[j] = bias ? bias[j] : 0.f;
   for (int r = 0; r < rows; r++)
     for (int j = 0; j < PANEL; j++) plus[r * PANEL + j] = add && j < cols ? add[r * ldc + j] : 0.f;
-  block(rows, a, lda, panel, k, b, gelu, add ? plus : 0, out, PANEL);
+  block(rows, a, lda, panel, k, b, gelu, add ? plus : 0, out, PANEL, 0);
   for (int r = 0; r < rows; r++)
     for (int j = 0; j < cols; j++) c[r * ldc + j] = out[r * PANEL + j];
 }
@@ -107,12 +109,16 @@ void bertlab_sgemm(const float *a, int64_t m, int64_t k, const float *panels, in
     const float *panel = panels + p * k * PANEL;
     const int64_t col = p * PANEL;
     const int cols = n - col < PANEL ? (int)(n - col) : PANEL;
+    /* the next panel is prefetched into L2 during one pass over this one (the second, where
+       there is one: the first reads this panel from memory), one cache line a step */
+    const float *next = p + 1 < count ? panel + k * PANEL : 0;
+    const int64_t prefetching = m > ROWS ? ROWS : 0;
     for (int64_t row = 0; row < m; row += ROWS) {
       const int rows = m - row < ROWS ? (int)(m - row) : ROWS;
       const float *plus = add ? add + row * n + col : 0;
       if (cols == PANEL)
         block(rows, a + row * k, k, panel, k, bias ? bias + col : 0, gelu, plus,
-              c + row * n + col, n);
+              c + row * n + col, n, row == prefetching ? next : 0);
       else
         partial(rows, cols, a + row * k, k, panel, k, bias ? bias + col : 0, gelu, plus,
                 c + row * n + col, n);
