@@ -365,6 +365,12 @@ def test_attention_refuses_what_it_cannot_read_naming_it():
     ]:
         with pytest.raises(ValueError, match=r"avx2.attention: q \(11, 2, (32|12)\)"):
             bad()
+    # starts that would send the kernel past the tensors or its scratch: refused
+    for wrong, most in [([0, 5, 12], 7), ([0, 5, 10], 6), ([1, 5, 11], 6), ([0, 6, 5, 11], 6),
+                        ([0, 5, 11], 5)]:  # fmt: skip
+        with pytest.raises(ValueError, match=r"avx2.attention: starts \[.*\] must rise from 0 "
+                                             r"to the 11 rows"):  # fmt: skip
+            avx2.attention(q, k, v, torch.tensor(wrong, dtype=torch.int32), most)
 
 
 def spy_attention(monkeypatch):

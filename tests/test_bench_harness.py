@@ -250,7 +250,9 @@ def test_the_int8_kernels_harness_lists_each_kernel_or_why_not_and_restores_the_
     assert cpu.current() is before
 
 
-def test_the_attention_harness_refuses_bad_arguments_and_compares_the_same_attention(capsys):
+def test_the_attention_harness_refuses_bad_arguments_and_compares_the_same_attention(
+    capsys, monkeypatch
+):
     import dataclasses
 
     import torch
@@ -267,10 +269,7 @@ def test_the_attention_harness_refuses_bad_arguments_and_compares_the_same_atten
         pytest.skip(f"bertlab's AVX2 attention cannot run here: {avx2.load()}")
     here = cpu.current()
     outs = []
-    try:
-        for kernel in ("onednn", "sgemm-avx2"):  # the harness's two ways
-            cpu._CURRENT[:] = [dataclasses.replace(here, float32_kernel=kernel)]
-            outs.append(attention.packed_attention(q, k, v, packing, 0.0)[0])
-    finally:
-        cpu._CURRENT[:] = [here]
+    for kernel in ("onednn", "sgemm-avx2"):  # the harness's two ways
+        monkeypatch.setattr(cpu, "_CURRENT", [dataclasses.replace(here, float32_kernel=kernel)])
+        outs.append(attention.packed_attention(q, k, v, packing, 0.0)[0])
     torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)

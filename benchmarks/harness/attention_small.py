@@ -25,6 +25,7 @@ import dataclasses
 import statistics
 import sys
 
+import paired
 import torch
 
 from bertlab.bench.speed import alternate, machine
@@ -76,18 +77,17 @@ def main(argv: list[str] | None = None) -> None:
     m = machine()
     print(f"{m['cpu']}, {args.threads} threads, torch {m['torch']}, class {here.cpu_class}; "
           f"{args.rounds} alternating rounds; {HEADS} heads of {HEAD}")  # fmt: skip
-    avx2.ATTENTION_TOKENS = max(max(lengths) for _, lengths in BATCHES)
+    limit, avx2.ATTENTION_TOKENS = avx2.ATTENTION_TOKENS, max(max(n) for _, n in BATCHES)
     try:
         for label, lengths in BATCHES:
             q, k, v, packing = inputs(lengths)
             calls = max(3, 20_000 // sum(lengths))
 
-            def run(policy: cpu.Policy, q=q, k=k, v=v, packing=packing, calls=calls) -> None:
-                cpu._CURRENT[:] = [policy]
+            def run(q=q, k=k, v=v, packing=packing, calls=calls) -> None:
                 for _ in range(calls):
                     attention.packed_attention(q, k, v, packing, 0.0)
 
-            times = alternate({name: lambda p=p: run(p) for name, p in ways.items()},
+            times = alternate({name: paired.under(way, run) for name, way in ways.items()},
                               args.rounds)  # fmt: skip
             us = {name: statistics.median(t) / calls * 1e6 for name, t in times.items()}
             ratio = statistics.median(
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"  {label:>11}: pytorch {us['pytorch']:8.0f} us   avx2 {us['avx2']:8.0f} us   "
                   f"avx2/pytorch {ratio:.2f}")  # fmt: skip
     finally:
-        cpu._CURRENT[:] = [here]
+        avx2.ATTENTION_TOKENS = limit
 
 
 if __name__ == "__main__":

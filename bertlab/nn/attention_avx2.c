@@ -107,12 +107,18 @@ static void one_head(const float *restrict q, int64_t ldq, const float *restrict
   if (i < t) queries(1, q + i * ldq, ldq, kt, tp, v, ldv, out + i * ldo, ldo, t, d, scale, s);
 }
 
-/* longest: the longest sequence's length; scratch: threads x (d + 2) x (longest rounded up to
-   32) floats, each thread's keys transposed and two rows of scores. */
-void bertlab_attention(const float *q, int64_t ldq, const float *k, int64_t ldk, const float *v,
-                       int64_t ldv, float *out, int64_t ldo, const int32_t *starts, int64_t count,
-                       int64_t longest, int64_t heads, int64_t d, float scale, float *scratch,
-                       int threads) {
+/* rows: the rows of q, k, v and out; longest: the longest sequence's length; scratch: threads x
+   (d + 2) x (longest rounded up to 32) floats, each thread's keys transposed and two rows of
+   scores. Returns 0, or -1 without touching memory where starts does not rise from 0 to rows
+   in steps of at most longest (the caller's error, which would read and write past its
+   tensors). */
+int bertlab_attention(const float *q, int64_t ldq, const float *k, int64_t ldk, const float *v,
+                      int64_t ldv, float *out, int64_t ldo, const int32_t *starts, int64_t count,
+                      int64_t rows, int64_t longest, int64_t heads, int64_t d, float scale,
+                      float *scratch, int threads) {
+  if (starts[0] != 0 || starts[count] != rows) return -1;
+  for (int64_t b = 0; b < count; b++)
+    if (starts[b + 1] < starts[b] || starts[b + 1] - starts[b] > longest) return -1;
   const int64_t tp = (longest + 31) / 32 * 32;
 #pragma omp parallel num_threads(threads)
   {
@@ -125,4 +131,5 @@ void bertlab_attention(const float *q, int64_t ldq, const float *k, int64_t ldk,
                kt + tp * d);
     }
   }
+  return 0;
 }

@@ -132,8 +132,9 @@ def attention(
     """q, k, v (N, A, D) float32, rows of packed sequences (views of one product's output are
     fine: each row's heads contiguous) -> (N, A, D): softmax(q k^T / sqrt(D)) v of each sequence
     over its own tokens, sequence b being rows ``starts[b]:starts[b + 1]`` (``starts`` int32,
-    (B + 1,), the last equal to N); ``longest`` the longest sequence's length. D a multiple of
-    8. The first call loads the kernels (RuntimeError, saying why, where they cannot run)."""
+    (B + 1,), from 0 to N); ``longest`` the longest sequence's length. D a multiple of 8; other
+    shapes, and starts that do not fit, are refused (ValueError) before anything is read. The
+    first call loads the kernels (RuntimeError, saying why, where they cannot run)."""
     n, heads, d = q.shape
     if (
         any(t.dtype != torch.float32 or t.shape != q.shape for t in (k, v))
@@ -142,6 +143,7 @@ def attention(
         or any(t.stride()[1:] != (d, 1) for t in (q, k, v))
         or starts.dtype != torch.int32
         or starts.dim() != 1
+        or starts.numel() < 2
         or not starts.is_contiguous()
     ):
         raise ValueError(
@@ -156,11 +158,16 @@ def attention(
         width = -(-longest // 32) * 32
         threads = torch.get_num_threads()
         scratch = q.new_empty(threads * (d + 2) * width)
-        functions.attention(
+        status = functions.attention(
             q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
-            out.data_ptr(), heads * d, starts.data_ptr(), starts.numel() - 1, longest, heads,
-            d, d**-0.5, scratch.data_ptr(), threads,
+            out.data_ptr(), heads * d, starts.data_ptr(), starts.numel() - 1, n, longest,
+            heads, d, d**-0.5, scratch.data_ptr(), threads,
         )  # fmt: skip
+        if status:
+            raise ValueError(
+                f"avx2.attention: starts {starts.tolist()} must rise from 0 to the {n} rows, "
+                f"no sequence longer than longest={longest}"
+            )
     return out
 
 
@@ -267,7 +274,7 @@ def _build_and_load() -> object:
     i64, ptr, i32, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_float
     sgemm, attend = lib.bertlab_sgemm, lib.bertlab_attention
     sgemm.argtypes = [ptr, i64, i64, ptr, i64, ptr, i32, ptr, ptr, i32]
-    attend.argtypes = [ptr, i64, ptr, i64, ptr, i64, ptr, i64, ptr, i64, i64, i64, i64, f32,
-                       ptr, i32]  # fmt: skip
-    sgemm.restype = attend.restype = None
+    attend.argtypes = [ptr, i64, ptr, i64, ptr, i64, ptr, i64, ptr, i64, i64, i64, i64, i64,
+                       f32, ptr, i32]  # fmt: skip
+    sgemm.restype, attend.restype = None, ctypes.c_int
     return SimpleNamespace(sgemm=sgemm, attention=attend)
