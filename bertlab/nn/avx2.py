@@ -1,9 +1,12 @@
-"""bertlab's own float32 kernels for AVX2 CPUs: the product of a linear layer on a weight packed
-once, and the attention of short sequences.
+"""bertlab's own kernels for AVX2 CPUs: the product of a linear layer on a weight packed once,
+in float32 and in int8, and the attention of short sequences.
 
     pack(weight)                              (N, K) -> (ceil(N/16), K, 16) panels
     product(x, panels, bias, n, add=None, gelu=False)
                                               (..., K) -> (..., N): act(x W^T + b) (+ add)
+    pack_int8(weight, scale, bias, levels, unsmooth=None)
+                                              an int8 layer (N, K) -> Int8Panels
+    qproduct(x, layer, add=None, gelu=False)  (..., K) -> (..., N): the int8 product
     attention(q, k, v, starts, longest)       (N, A, D) each -> (N, A, D): packed sequences
     load()                                    build and load the kernels once: None, or why not
     why_not()                                 why they cannot run in this process (None: they can)
@@ -12,18 +15,24 @@ Where ``cpu.current().float32_kernel`` is ``"sgemm-avx2"`` (the avx2 class of AM
 2 and 3, where oneDNN's float32 products and PyTorch's attention kernel ran slower than these:
 docs/performance.md), products.py sends every float32 product to ``product`` and attention.py's
 packed kernel sends inference batches whose sequences are at most ATTENTION_TOKENS long to
-``attention``. The kernels are C, beside this file, each read in a sitting:
+``attention``. Where precision.py's int8 kernel is ``"u8-avx2"`` (chosen on the same CPUs:
+cpu.py), an int8 model's products run on ``qproduct``. The kernels are C, beside this file, each
+read in a sitting:
 
 * sgemm_avx2.c: one loop of AVX2 fused multiply-adds over 6 rows x 16 columns. It sums each
   output's terms in order, then adds the bias, so its results differ from oneDNN's and PyTorch's
   by rounding only (about 1e-6 relative). The feed-forward network's GELU (with erf) is applied
   to each block while it is in registers, by a polynomial (avx2_math.h: erfc to 1.2e-7
   relative), which differs from PyTorch's GELU by rounding only;
+* int8_avx2.c: precision.py's int8 product (per-token activations rounded to 7 bits, inside the
+  call; per-channel int8 weights; sums exact in int32) with VPMADDUBSW and VPMADDWD over 6 rows
+  x 16 columns, its float32 arithmetic that of precision.py to the bit; GELU and the residual
+  applied inside it as in sgemm_avx2.c;
 * attention_avx2.c: softmax(q k^T / sqrt(D)) v for each (sequence, head) on its own, over that
   sequence's tokens only: no padding, no masks, no gathered windows. Its e^x is a polynomial
   (about 1 ulp), so its results differ from PyTorch's by rounding only.
 
-Neither depends on the thread count: each output is computed by one thread, in one order.
+None depends on the thread count: each output is computed by one thread, in one order.
 
 They are compiled once with the system's C compiler (``CC``, else ``cc``) into one library in
 ``$XDG_CACHE_HOME/bertlab/kernels`` (else ``~/.cache/bertlab/kernels``; a fresh private
@@ -35,29 +44,34 @@ It is loaded with ctypes: no Python extension, no PyTorch headers, a build of ab
 
 Where it cannot run (no compiler, a failed build, an OpenMP runtime other than libgomp, a CPU
 without AVX2 and FMA), ``load`` returns why, products.py warns once and keeps oneDNN's
-products, and attention stays on PyTorch's kernel; a kernel forced by
-``BERTLAB_FLOAT32_KERNEL=sgemm-avx2`` raises instead.
+products, attention stays on PyTorch's kernel, and int8 takes the policy's fallback kernel
+(fbgemm's), saying so once; a kernel forced by ``BERTLAB_FLOAT32_KERNEL=sgemm-avx2`` or
+``BERTLAB_INT8_KERNEL=u8-avx2`` raises instead.
 """
 
 from __future__ import annotations
 
 import ctypes
 import hashlib
+import math
 import os
 import shutil
 import subprocess
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from bertlab.nn import cpu
 
 PANEL = 16  # output columns a panel holds (two AVX2 registers of 8 floats)
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("sgemm_avx2.c", "attention_avx2.c"))
+SOURCES = tuple(
+    Path(__file__).with_name(name) for name in ("sgemm_avx2.c", "attention_avx2.c", "int8_avx2.c")
+)
 HEADER = Path(__file__).with_name("avx2_math.h")  # e^x and GELU, included by both
 ATTENTION_TOKENS = 64  # the longest sequence ``attention`` is given. Against PyTorch's kernel
 # (benchmarks/harness/attention_small.py, 12 heads of 32, 2 threads): up to 64 tokens it took
@@ -108,7 +122,7 @@ def product(
             f"{None if add is None else tuple(add.shape)})"
         )
     x = x.contiguous()
-    rows = x.numel() // k if k else 0
+    rows = math.prod(x.shape[:-1])
     out = x.new_empty(*x.shape[:-1], n)
     if rows and n:
         _kernels().sgemm(
@@ -124,6 +138,122 @@ def product(
             torch.get_num_threads(),
         )
     return out
+
+
+QGROUP = 4  # inputs an int8 panel holds per step (VPMADDUBSW then VPMADDWD sum 4 products)
+INT8_LEVELS = 63  # the most levels ``qproduct`` rounds activations to (7 bits: int8_avx2.c)
+
+
+class Int8Panels(NamedTuple):
+    """An int8 linear layer (N outputs, K inputs) as int8_avx2.c reads it, made (and checked)
+    by ``pack_int8``: what stays the same from call to call."""
+
+    panels: torch.Tensor  # (ceil(N/16), ceil(K/4), 16, 4) int8
+    corr: torch.Tensor  # (N,) int32: (levels + 1) times each weight row's sum
+    scale: torch.Tensor  # (N,) float32: the weights' scales s_w
+    bias: torch.Tensor | None  # (N,) float32
+    unsmooth: torch.Tensor | None  # (K,) float32: x is multiplied by it before it is rounded
+    levels: int  # activations are rounded to -levels..levels
+    inputs: int  # K
+
+
+def pack_int8(
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    levels: int,
+    unsmooth: torch.Tensor | None = None,
+) -> Int8Panels:
+    """(N, K) int8 weight, its (N,) scales and bias -> the layer as ``qproduct`` reads it: panel
+    p holds, for each group of 4 inputs, the 4 weights of each of columns 16p..16p+15 (zeros
+    past N and K: the layout int8_avx2.c reads), with the corrections, (levels + 1) times each
+    row's sum (the share of the zero point the activations are shifted by), for activations
+    rounded to -levels..levels (1..63) after they are multiplied by ``unsmooth`` (K,) if given.
+    ValueError, naming them, for shapes, dtypes or levels that do not fit."""
+    n, k = weight.shape if weight.dim() == 2 else (0, 0)
+    if (
+        weight.dim() != 2
+        or weight.dtype != torch.int8
+        or not 1 <= levels <= INT8_LEVELS
+        or any(
+            t is not None and (t.dtype != torch.float32 or t.shape != (size,))
+            for t, size in ((scale, n), (bias, n), (unsmooth, k))
+        )
+    ):
+        raise ValueError(
+            f"avx2.pack_int8: weight {tuple(weight.shape)} {weight.dtype}, scale "
+            f"{tuple(scale.shape)} {scale.dtype}, bias "
+            f"{None if bias is None else (tuple(bias.shape), bias.dtype)}, unsmooth "
+            f"{None if unsmooth is None else (tuple(unsmooth.shape), unsmooth.dtype)}, levels "
+            f"{levels}: an (N, K) int8 weight, float32 scale and bias (N,), unsmooth (K,), "
+            f"levels 1..{INT8_LEVELS}"
+        )
+    w = weight.detach()
+    rows, cols = -(-n // PANEL) * PANEL, -(-k // QGROUP) * QGROUP
+    if (rows, cols) != (n, k):
+        w = torch.nn.functional.pad(w, (0, cols - k, 0, rows - n))
+    panels = w.view(rows // PANEL, PANEL, cols // QGROUP, QGROUP).transpose(1, 2).contiguous()
+    corr = weight.sum(1, dtype=torch.int32).mul_(levels + 1)
+    own = [None if t is None else t.detach().contiguous() for t in (scale, bias, unsmooth)]
+    return Int8Panels(panels, corr, own[0], own[1], own[2], levels, k)
+
+
+def qproduct(
+    x: torch.Tensor, layer: Int8Panels, add: torch.Tensor | None = None, gelu: bool = False
+) -> torch.Tensor:
+    """(..., K) float32 -> (..., N): ``act(s_x (q(x) W^T) s_w + bias) (+ add)``, each row of
+    ``x * unsmooth`` rounded to -levels..levels by its own scale s_x (precision.py's int8
+    product), for a layer packed by ``pack_int8``; ``add`` (..., N) or None; act GELU with erf
+    where ``gelu``. The first call loads the kernels (RuntimeError, saying why, where they
+    cannot run)."""
+    n = layer.corr.shape[0]
+    if (
+        x.dtype != torch.float32
+        or x.shape[-1] != layer.inputs
+        or (add is not None and (add.shape != (*x.shape[:-1], n) or not add.is_contiguous()))
+    ):
+        raise ValueError(
+            f"avx2.qproduct: input {tuple(x.shape)} {x.dtype} (add "
+            f"{None if add is None else tuple(add.shape)}) does not fit a layer of "
+            f"{layer.inputs} float32 inputs and {n} outputs (add (..., {n}), contiguous)"
+        )
+    x = x.contiguous()
+    rows = math.prod(x.shape[:-1])
+    out = x.new_empty(*x.shape[:-1], n)
+    if rows and n:
+        width = -(-layer.inputs // QGROUP) * QGROUP
+        # the rounded rows, then their scales (at a multiple of 4 bytes)
+        scratch = _scratch(rows * (width + 4))
+        address = scratch.data_ptr()
+        bias, unsmooth = layer.bias, layer.unsmooth
+        status = _kernels().qgemm(
+            x.data_ptr(), rows, layer.inputs, None if unsmooth is None else unsmooth.data_ptr(),
+            layer.levels, layer.panels.data_ptr(), layer.corr.data_ptr(), layer.scale.data_ptr(),
+            n, None if bias is None else bias.data_ptr(), bool(gelu),
+            None if add is None else add.data_ptr(), out.data_ptr(), address,
+            address + rows * width, torch.get_num_threads(),
+        )  # fmt: skip
+        if status:  # (pack_int8 checked them: a layer changed since)
+            raise ValueError(f"avx2.qproduct: levels {layer.levels} outside 1..{INT8_LEVELS}")
+    return out
+
+
+SCRATCH_KEPT = 1 << 20  # bytes: the most scratch memory a thread keeps between calls
+_SCRATCH = threading.local()
+
+
+def _scratch(size: int) -> torch.Tensor:
+    """At least ``size`` bytes a kernel may write during one call (the caller holds the tensor
+    until the call returns): the calling thread's own buffer, kept between calls up to
+    SCRATCH_KEPT bytes (an allocation costs a few microseconds, as much as a short product's
+    other work), else a fresh one."""
+    buffer = getattr(_SCRATCH, "buffer", None)
+    if buffer is not None and buffer.numel() >= size:
+        return buffer
+    buffer = torch.empty(max(size, 4096), dtype=torch.uint8)
+    if size <= SCRATCH_KEPT:
+        _SCRATCH.buffer = buffer
+    return buffer
 
 
 def attention(
@@ -157,7 +287,7 @@ def attention(
     if n and heads and d:
         width = -(-longest // 32) * 32
         threads = torch.get_num_threads()
-        scratch = q.new_empty(threads * (d + 2) * width)
+        scratch = _scratch(4 * threads * (d + 2) * width)  # (floats)
         status = functions.attention(
             q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
             out.data_ptr(), heads * d, starts.data_ptr(), starts.numel() - 1, n, longest,
@@ -272,9 +402,11 @@ def _build_and_load() -> object:
             "beside PyTorch's; the kernel would run its own threads"
         )
     i64, ptr, i32, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_float
-    sgemm, attend = lib.bertlab_sgemm, lib.bertlab_attention
+    sgemm, attend, qgemm = lib.bertlab_sgemm, lib.bertlab_attention, lib.bertlab_qgemm
     sgemm.argtypes = [ptr, i64, i64, ptr, i64, ptr, i32, ptr, ptr, i32]
     attend.argtypes = [ptr, i64, ptr, i64, ptr, i64, ptr, i64, ptr, i64, i64, i64, i64, i64,
                        f32, ptr, i32]  # fmt: skip
-    sgemm.restype, attend.restype = None, ctypes.c_int
-    return SimpleNamespace(sgemm=sgemm, attention=attend)
+    qgemm.argtypes = [ptr, i64, i64, ptr, i32, ptr, ptr, ptr, i64, ptr, i32, ptr, ptr, ptr, ptr,
+                      i32]  # fmt: skip
+    sgemm.restype, attend.restype, qgemm.restype = None, ctypes.c_int, ctypes.c_int
+    return SimpleNamespace(sgemm=sgemm, attention=attend, qgemm=qgemm)

@@ -15,7 +15,7 @@ instruction; what was measured where, natively or on a simulation: docs/performa
     avx512-vnni  Cascade Lake, Ice Lake         oneDNN | in float32            onednn-s8 (VNNI)
     avx512       Skylake-SP                     oneDNN | in float32            fbgemm-u8, 7 bits
     avx2-vnni    Alder Lake and later clients   oneDNN | in float32            onednn-u8, 8 bits
-    avx2         EPYC Zen 2 and 3, Haswell on   sgemm* | in float32            fbgemm-u8, 7 bits
+    avx2         EPYC Zen 2 and 3, Haswell on   sgemm* | in float32            u8-avx2*, 7 bits
     x86          x86 without AVX2               PyTorch's | in float32         none (needs AVX2)
     arm          Graviton, Apple, Ampere        PyTorch's | PyTorch's (BF16)   none
                                                 or in float32 (no BF16)
@@ -29,6 +29,7 @@ instruction; what was measured where, natively or on a simulation: docs/performa
   refused: it runs, and warns once a process that its products run in float32.
   "PyTorch's": the module route, PyTorch's own kernels (on Arm, its NEON/SVE ones).
   "sgemm*": on AMD CPUs of the class, bertlab's own AVX2 kernel (below); on Intel's, oneDNN.
+  "u8-avx2*": on AMD CPUs of the class, bertlab's own int8 kernel (below); on Intel's, fbgemm-u8.
 * **float32 kernel** (``Policy.float32_kernel``): the oneDNN route's float32 products (and a
   bfloat16 model's, computed in float32) run on ``sgemm-avx2``, bertlab's AVX2 kernel
   (avx2.py, sgemm_avx2.c), on AMD CPUs of the avx2 class, where oneDNN's took 1.4x its time at
@@ -55,11 +56,17 @@ instruction; what was measured where, natively or on a simulation: docs/performa
   8-bit inputs on oneDNN's reference kernel, so ``torch._int_mm`` takes every product there.
   ``fbgemm-u8`` and ``onednn-u8`` take the activations as unsigned 8-bit numbers (a token's
   values shifted by a zero point) against int8 weights, with fbgemm's or oneDNN's kernels,
-  on weights prepacked once. Without VNNI those kernels multiply with
+  on weights prepacked once. ``u8-avx2`` is bertlab's own kernel of that kind (avx2.py,
+  int8_avx2.c), which rounds the activations inside the call and applies GELU and the residual
+  there too: on an AMD EPYC (Zen 3) the int8 model took 0.63x fbgemm-u8's time at batch 1
+  (docs/performance.md), so it is chosen on AMD's avx2 class, with fbgemm-u8 as the fallback
+  where it cannot be built (no C compiler: ``Policy.int8_fallback``); elsewhere it comes last,
+  for a PyTorch without fbgemm or oneDNN. Without VNNI those kernels multiply with
   VPMADDUBSW, which adds two u8 x s8 products in 16 bits and saturates past 32,767: so the
   activations keep 7 bits there (levels -63..63, as fbgemm's ``reduce_range``), 8 with VNNI
-  (``int8_levels``). fbgemm has no AVX-VNNI code, oneDNN has: so on avx2-vnni CPUs oneDNN's
-  kernel keeps 8 bits where fbgemm's would keep 7; on avx2 and avx512 fbgemm's is chosen.
+  (``int8_levels``; u8-avx2 keeps 7 everywhere). fbgemm has no AVX-VNNI code, oneDNN has: so
+  on avx2-vnni CPUs oneDNN's kernel keeps 8 bits where fbgemm's would keep 7; on avx2 (but
+  AMD's) and avx512 fbgemm's is chosen.
   Weights are int8 per output channel and activations per token on every kernel.
   ``BERTLAB_INT8_KERNEL`` (``auto`` or a kernel's name) forces one; a kernel this CPU or this
   PyTorch cannot run is refused by name, with the instruction set or operator it lacks, before
@@ -290,12 +297,13 @@ def _has_op(namespace: str, name: str) -> bool:
 
 
 # ============================================================================ the policy
-INT8_KERNELS = ("onednn-s8", "fbgemm-u8", "onednn-u8")
+INT8_KERNELS = ("onednn-s8", "u8-avx2", "fbgemm-u8", "onednn-u8")
 # the instruction sets a kernel needs, by (ours, a reader's) name
 NEEDS = {
-    "onednn-s8": ("avx512_vnni", "AVX512-VNNI"),
-    "fbgemm-u8": ("avx2", "AVX2"),
-    "onednn-u8": ("avx2", "AVX2"),
+    "onednn-s8": (("avx512_vnni",), "AVX512-VNNI"),
+    "u8-avx2": (("avx2", "fma3"), "AVX2 and FMA"),
+    "fbgemm-u8": (("avx2",), "AVX2"),
+    "onednn-u8": (("avx2",), "AVX2"),
 }
 NO_BF16 = "this CPU has no bfloat16 instructions (AVX512-BF16 or AMX) for oneDNN"
 # the precisions in which Compiled's program was measured faster than the model, by class
@@ -325,6 +333,9 @@ class Policy:
     features: Features
     int8_kernel: str | None  # one of INT8_KERNELS, or None (int8_why says why)
     int8_why: str | None
+    # the kernel taken where int8_kernel (u8-avx2, built at its first product) cannot be built in
+    # the process; None where it was forced or nothing else runs here (precision.int8_kernel)
+    int8_fallback: str | None
     int8_levels: int  # activations are rounded to -levels..levels: 127 (8 bits) or 63 (7)
     bf16_native: bool
     bf16_why: str | None  # why bfloat16 is not native here, or None
@@ -370,6 +381,7 @@ class Policy:
             "int8_kernel": self.int8_kernel,
             "int8_activation_bits": self.int8_levels.bit_length() + 1 if self.int8_kernel else None,
             "int8_why": self.int8_why,
+            "int8_fallback": self.int8_fallback,
             "bf16_native": self.bf16_native,
             "bf16_why": self.bf16_why,
             "products": {str(k).removeprefix("torch."): v for k, v in self.products.items()},
@@ -407,8 +419,8 @@ def _kernel_why(kernel: str, f: Features, cls: str) -> str | None:
     """Why ``kernel`` cannot run here (the instruction set or operator it lacks), or None."""
     if not f.x86:
         return f"the {kernel} kernel runs on x86 CPUs; this one is {f.arch}"
-    flag, name = NEEDS[kernel]
-    if flag not in f.flags:
+    flags, name = NEEDS[kernel]
+    if not set(flags) <= f.flags:
         return f"the {kernel} kernel needs {name}, which this CPU ({cls}) does not have" + (
             f" within {', '.join(f.limits)}" if f.limits else ""
         )
@@ -426,39 +438,41 @@ def _kernel_why(kernel: str, f: Features, cls: str) -> str | None:
     return None
 
 
-def _int8(f: Features, cls: str, forced: str) -> tuple[str | None, str | None]:
-    """(kernel, None) or (None, why not)."""
+def _int8(f: Features, cls: str, forced: str) -> tuple[str | None, str | None, str | None]:
+    """(kernel, None, fallback) or (None, why not, None). fallback: the kernel taken where the
+    chosen one, u8-avx2, cannot be built in the process (None where it was forced, or where no
+    other kernel runs here)."""
     if forced not in ("", "auto"):
         if forced not in INT8_KERNELS:
-            return None, (
-                f"BERTLAB_INT8_KERNEL={forced} is not a kernel; choose auto or one of "
-                f"{', '.join(INT8_KERNELS)}"
-            )
+            choices = ", ".join(INT8_KERNELS)
+            why = f"BERTLAB_INT8_KERNEL={forced} is not a kernel; choose auto or one of {choices}"
+            return None, why, None
         why = _kernel_why(forced, f, cls)
-        return (None, f"BERTLAB_INT8_KERNEL={forced}: {why}") if why else (forced, None)
+        return (None, f"BERTLAB_INT8_KERNEL={forced}: {why}", None) if why else (forced, None, None)
     if not f.x86:
-        return None, (
-            f"bertlab's int8 kernels (oneDNN, fbgemm) are x86 ones, from AVX2 up; this CPU is "
-            f"{f.arch}"
+        why = (
+            f"bertlab's int8 kernels (oneDNN's, fbgemm's and its own AVX2 one) are x86 ones, "
+            f"from AVX2 up; this CPU is {f.arch}"
         )
+        return None, why, None
     # VNNI's (or AMX's) int8 x int8 products where PyTorch sends torch._int_mm to them; with
     # AVX-VNNI alone, oneDNN's u8 kernel (its AVX-VNNI code keeps 8-bit activations, fbgemm has
-    # none and would keep 7); else the u8 kernels, fbgemm's first
+    # none and would keep 7); on AMD's AVX2 CPUs bertlab's own u8 kernel (measured faster than
+    # fbgemm's there); else the u8 kernels, fbgemm's first. bertlab's comes last everywhere
+    # else: it needs no fbgemm or oneDNN in PyTorch, only AVX2, FMA and a C compiler
     if "avx512_vnni" in f.flags:
-        order = INT8_KERNELS
+        order = ("onednn-s8", "fbgemm-u8", "onednn-u8", "u8-avx2")
     elif "avx_vnni" in f.flags:
-        order = ("onednn-u8", "fbgemm-u8")
+        order = ("onednn-u8", "fbgemm-u8", "u8-avx2")
+    elif cls == "avx2" and f.vendor == "AuthenticAMD":
+        order = ("u8-avx2", "fbgemm-u8", "onednn-u8")
     else:
-        order = ("fbgemm-u8", "onednn-u8")
-    reasons = []
-    for kernel in order:
-        why = _kernel_why(kernel, f, cls)
-        if why is None:
-            return kernel, None
-        reasons.append(why)
-    if "avx2" not in f.flags:
-        return None, reasons[0]
-    return None, "; ".join(reasons)
+        order = ("fbgemm-u8", "onednn-u8", "u8-avx2")
+    runs = [kernel for kernel in order if _kernel_why(kernel, f, cls) is None]
+    if runs:
+        return runs[0], None, runs[1] if runs[0] == "u8-avx2" and len(runs) > 1 else None
+    reasons = [_kernel_why(kernel, f, cls) for kernel in order]
+    return None, reasons[0] if "avx2" not in f.flags else "; ".join(map(str, reasons)), None
 
 
 def int8_levels(kernel: str | None, f: Features) -> int:
@@ -467,6 +481,8 @@ def int8_levels(kernel: str | None, f: Features) -> int:
     kernels multiply with VPMADDUBSW, which adds two u8 x s8 products in 16 bits and saturates
     past 32,767; the activations enter shifted by the zero point L + 1, so a pair reaches
     2 x 255 x 127 = 64,770 at L = 127 and 2 x 127 x 127 = 32,258 at L = 63."""
+    if kernel == "u8-avx2":  # (VPMADDUBSW on every CPU: int8_avx2.c)
+        return 63
     if kernel == "onednn-s8" or (kernel is not None and "avx512_vnni" in f.flags):
         return 127
     if kernel == "onednn-u8" and "avx_vnni" in f.flags:  # oneDNN's AVX-VNNI code (fbgemm has none)
@@ -479,7 +495,9 @@ def policy(f: Features, environ: dict[str, str] | os._Environ | None = None) -> 
     is read (the process's environment by default)."""
     environ = os.environ if environ is None else environ
     cls = classify(f)
-    kernel, int8_why = _int8(f, cls, environ.get("BERTLAB_INT8_KERNEL", "").strip().lower())
+    kernel, int8_why, fallback = _int8(
+        f, cls, environ.get("BERTLAB_INT8_KERNEL", "").strip().lower()
+    )
     levels = int8_levels(kernel, f)
     if f.x86:
         native = f.onednn_bf16 and bool({"avx512_bf16", "amx_bf16"} & f.flags)
@@ -522,6 +540,7 @@ def policy(f: Features, environ: dict[str, str] | os._Environ | None = None) -> 
         features=f,
         int8_kernel=kernel,
         int8_why=int8_why,
+        int8_fallback=fallback,
         int8_levels=levels,
         bf16_native=native,
         bf16_why=bf16_why,

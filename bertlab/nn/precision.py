@@ -17,9 +17,9 @@ int8 (``quantize_int8``) replaces the linear layers by ``Int8Linear``:
   u8 kernels would overflow 16-bit sums at 8 (cpu.py). A token's result depends on that token
   alone: never on the padding or on the other sequences in the batch;
 * the product: summed exactly in int32 by the CPU's int8 kernel (cpu.py chooses it: oneDNN's
-  s8 x s8 kernels on VNNI or AMX, or fbgemm's or oneDNN's u8 x s8 kernels from AVX2 up), on the
-  weight prepacked once into the kernel's layout where cpu.py says so, then scaled back to
-  float32 with the bias added.
+  s8 x s8 kernels on VNNI or AMX, or fbgemm's, oneDNN's or bertlab's own (u8-avx2: avx2.py)
+  u8 x s8 kernels from AVX2 up), on the weight prepacked once into the kernel's layout where
+  cpu.py says so, then scaled back to float32 with the bias added.
 
 Everything else stays in float32: the embeddings, every LayerNorm, the attention scores, softmax
 and the attention-weighted sum of values, the activations and the residual sums.
@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import copy
 import re
+import warnings
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
@@ -52,7 +53,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from bertlab.nn import cpu
+from bertlab.nn import avx2, cpu
 from bertlab.nn.packing import tracing
 
 HIGHER_PRECISION = (
@@ -70,10 +71,40 @@ def bf16_supported() -> str | None:
 
 
 def int8_supported() -> str | None:
-    """None when this machine has an int8 kernel for bertlab's products (``cpu.current()``
+    """None when this machine has an int8 kernel for bertlab's products (``int8_kernel()``
     names it), else why not: the instruction set, operator or architecture it lacks."""
+    try:
+        int8_kernel()
+    except RuntimeError as e:
+        return str(e).removeprefix("int8 products cannot run here: ")
+    return None
+
+
+_KERNEL: list[tuple[cpu.Policy, str]] = []  # (the policy, the kernel products run on under it)
+
+
+def int8_kernel() -> str:
+    """The kernel int8 products run on in this process: the policy's (``cpu.current()``), but
+    where that is bertlab's own u8-avx2 and its library cannot be built or loaded here (no C
+    compiler, avx2.py), the policy's fallback kernel, with a warning once. RuntimeError,
+    saying why, where no kernel runs (u8-avx2 forced and not built, or none for this CPU)."""
     policy = cpu.current()
-    return None if policy.int8_kernel is not None else policy.int8_why
+    if _KERNEL and _KERNEL[0][0] is policy:
+        return _KERNEL[0][1]
+    kernel = policy.int8_kernel
+    if kernel is None:
+        raise RuntimeError(f"int8 products cannot run here: {policy.int8_why}")
+    if kernel == "u8-avx2" and (why := avx2.load()) is not None:
+        if policy.int8_fallback is None:
+            raise RuntimeError(f"int8 products cannot run here: the u8-avx2 kernel: {why}")
+        warnings.warn(
+            f"int8 products run on {policy.int8_fallback}, not on bertlab's u8-avx2 kernel: "
+            f"{why} (bertlab.nn.precision)",
+            stacklevel=3,
+        )
+        kernel = policy.int8_fallback
+    _KERNEL[:] = [(policy, kernel)]
+    return kernel
 
 
 def _quantize_rows(
@@ -124,6 +155,8 @@ def int8_product(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None)
     out = weight.int8.shape[1]
     if flat.shape[0] == 0:
         return flat.new_zeros(*shape[:-1], out)
+    if weight.kernel == "u8-avx2" and weight.packed is not None:  # rounds, sums, scales itself
+        return avx2.qproduct(flat, weight.packed).view(*shape[:-1], out)  # (its bias is packed)
     smoothed = weight.unsmooth is not None
     t = flat * weight.unsmooth if smoothed else flat
     if weight.kernel == "onednn-s8":
@@ -163,10 +196,21 @@ _FBGEMM = _op("quantized", "linear_with_input_q_dq_qweight_dq_output_fp32")
 _QLINEAR = _op("onednn", "qlinear_pointwise")
 
 
-def _pack(kernel: str, int8: torch.Tensor, scale: torch.Tensor) -> Any:
-    """The kernel's own form of the (out, in) int8 weight with its (out,) scales: fbgemm's
-    prepacked weight, or oneDNN's (for its s8 and u8 kernels alike) with zero points."""
+def _pack(
+    kernel: str,
+    int8: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    levels: int,
+    unsmooth: torch.Tensor | None,
+) -> Any:
+    """The kernel's own form of the (out, in) int8 weight with its (out,) scales: bertlab's
+    panels with the zero point's corrections and the layer's scales, bias and smoothing
+    (u8-avx2, for activations of ``levels``), fbgemm's prepacked weight, or oneDNN's (for its
+    s8 and u8 kernels alike) with zero points."""
     out = int8.shape[0]
+    if kernel == "u8-avx2":
+        return avx2.pack_int8(int8, scale, bias, levels, unsmooth)
     if kernel == "fbgemm-u8":
         import warnings
 
@@ -192,9 +236,7 @@ def int8_weight(layers: tuple[Int8Linear, ...]) -> tuple[Int8Weight, torch.Tenso
     are made on every call). RuntimeError, with the reason, where this machine has no int8
     kernel."""
     policy = cpu.current()
-    kernel = policy.int8_kernel
-    if kernel is None:
-        raise RuntimeError(f"int8 products cannot run here: {policy.int8_why}")
+    kernel = int8_kernel()
     first = layers[0]
     traced = tracing()
     # torch._int_mm computes on the int8 weight itself: in a traced graph, and for onednn-s8
@@ -205,12 +247,7 @@ def int8_weight(layers: tuple[Int8Linear, ...]) -> tuple[Int8Weight, torch.Tenso
                        policy.int8_levels)  # fmt: skip
         return w, first.bias
     try:
-        stamp: tuple | None = tuple(
-            (t.data_ptr(), t._version)
-            for lin in layers
-            for t in (lin.weight_int8, lin.weight_scale, lin.bias)
-            if t is not None
-        )
+        stamp = _stamp(layers)
     except RuntimeError:  # inference tensors keep no version counter
         stamp = None
     ids = tuple(map(id, layers))
@@ -221,13 +258,31 @@ def int8_weight(layers: tuple[Int8Linear, ...]) -> tuple[Int8Weight, torch.Tenso
     scale = first.weight_scale if len(layers) == 1 else torch.cat([m.weight_scale for m in layers])
     # (and onednn-s8's weights that keep no version, which would be packed on every call)
     unpacked = unpacked or (kernel == "onednn-s8" and stamp is None)
-    packed = None if unpacked else _pack(kernel, int8, scale)
     bias = first.bias if len(layers) == 1 else _stacked_bias(layers)
+    packed = None if unpacked else _pack(kernel, int8, scale, bias, policy.int8_levels,
+                                         first.unsmooth)  # fmt: skip
     w = Int8Weight(int8.t(), scale, first.unsmooth, packed, kernel, policy.int8_levels)
     if not traced and stamp is not None:
-        sources = [t for m in layers for t in (m.weight_int8, m.weight_scale, m.bias)]
+        sources = [m._buffers[name] for m in layers for name in _STAMPED]
         _PACKED[first] = (ids, kernel, stamp, sources, w, bias)
     return w, bias
+
+
+_STAMPED = ("weight_int8", "weight_scale", "bias", "unsmooth")  # the buffers a packed weight reads
+
+
+def _stamp(layers: tuple[Int8Linear, ...]) -> tuple[int, ...] | None:
+    """Where each buffer of the layers is and how often it was written in place (RuntimeError
+    for an inference tensor, which keeps no version counter). Read from ``_buffers`` directly:
+    this runs at every product, and nn.Module's attribute lookup costs more."""
+    stamp: list[int] = []
+    for layer in layers:
+        buffers = layer._buffers
+        for name in _STAMPED:
+            t = buffers[name]
+            if t is not None:
+                stamp += (t.data_ptr(), t._version)
+    return tuple(stamp)
 
 
 def _stacked_bias(layers: tuple[Int8Linear, ...]) -> torch.Tensor | None:
@@ -395,7 +450,7 @@ def _kernel_note() -> str:
     """The int8 kernel of this machine and its activations' width, for ``int8_report``."""
     policy = cpu.current()
     bits = 8 if policy.int8_levels == 127 else 7
-    return f"{policy.int8_kernel} ({bits}-bit activations; CPU class {policy.cpu_class})"
+    return f"{int8_kernel()} ({bits}-bit activations; CPU class {policy.cpu_class})"
 
 
 def quantize_int8(

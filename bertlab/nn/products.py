@@ -177,7 +177,10 @@ def linear(
     if way == "onednn":
         return _product((layer,), x, act, residual)
     if way == "int8":
-        y = int8_product(x, *int8_weight((layer,)))
+        weight, bias = int8_weight((layer,))
+        if weight.kernel == "u8-avx2" and weight.packed is not None:
+            return _qgemm(x, weight.packed, act, residual)
+        y = int8_product(x, weight, bias)
     else:
         y = layer(x)
         if act is not None:
@@ -248,10 +251,37 @@ def _sgemm(
         return _epilogue(F.linear(x, weight, bias), act, residual)
     n = sum(layer.out_features for layer in layers)
     if act is None and residual is not None and residual.dtype == torch.float32:
-        return avx2.product(x, weight, bias, n, residual.expand(*x.shape[:-1], n).contiguous())
+        return avx2.product(x, weight, bias, n, _addend(residual, (*x.shape[:-1], n)))
     if act is not None and activation_of(act) is ACTIVATIONS["gelu"]:
         return _epilogue(avx2.product(x, weight, bias, n, None, True), None, residual)
     return _epilogue(avx2.product(x, weight, bias, n), act, residual)
+
+
+def _qgemm(
+    x: torch.Tensor,
+    layer: avx2.Int8Panels,
+    act: nn.Module | None,
+    residual: torch.Tensor | None,
+) -> torch.Tensor:
+    """``residual + act(int8 product)`` by bertlab's u8-avx2 kernel (avx2.py) on the layer as
+    precision.py packed it (its bias with it): the rounding of the activations, GELU (with
+    erf) and the residual sum (where no activation comes first) inside it, as ``_sgemm`` does
+    in float32; another activation in place after."""
+    x = x.float()
+    if act is None and residual is not None and residual.dtype == torch.float32:
+        n = layer.corr.shape[0]
+        return avx2.qproduct(x, layer, _addend(residual, (*x.shape[:-1], n)))
+    if act is not None and activation_of(act) is ACTIVATIONS["gelu"]:
+        return _epilogue(avx2.qproduct(x, layer, None, True), None, residual)
+    return _epilogue(avx2.qproduct(x, layer), act, residual)
+
+
+def _addend(residual: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """The residual as a kernel reads it: contiguous, in the output's shape (broadcast where it
+    is smaller; no copy where it already is)."""
+    if residual.shape == shape and residual.is_contiguous():
+        return residual
+    return residual.expand(*shape).contiguous()
 
 
 _SGEMM: list[tuple[cpu.Policy, bool]] = []  # (the policy, whether the kernel runs under it)

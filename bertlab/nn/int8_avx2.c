@@ -1,0 +1,205 @@
+/* bertlab's int8 product for AVX2 CPUs: c = act(s_x (q(x) . w^T) s_w + bias) (+ add), the
+   activations rounded per token inside the call, on an int8 weight packed once; act GELU (with
+   erf) or none.
+
+   Built and loaded by avx2.py, which says when it is used and why (bertlab.nn.cpu chooses it).
+   The numbers are precision.py's (its module docstring): per-token activations with L levels,
+   per-channel int8 weights, the sums exact in int32.
+
+   a        (m, k) row-major float32: the input rows
+   unsmooth (k) or NULL: each input column is multiplied by it before it is rounded
+   levels   L, at most 63: each row t is rounded to q = round(t / s) in -L..L with
+            s = max(max|t| / L, the smallest normal float), the scale ascale[r] = s
+   panels   the int8 weight w (n, k) in panels of 16 output columns and groups of 4 inputs: for
+            each group g of inputs 4g..4g+3 (zeros past k), panel p holds 64 bytes, the 4
+            weights of column 16p in input order, then of column 16p+1, ... 16p+15 (zeros past
+            n); one panel is one contiguous block of ceil(k/4) x 64 bytes
+   corr     (n) int32: (L + 1) times the sum of each weight row (the zero point's share)
+   wscale   (n) the weights' scales;  bias (n) or NULL;  add (m, n) or NULL
+   c        (m, n) row-major float32: the output
+   qa       m x ceil(k/4) x 4 bytes of scratch: the rounded rows;  ascale (m) floats of scratch
+
+   The rounded rows are stored shifted by L + 1, as unsigned bytes 1..2L+1, so VPMADDUBSW can
+   multiply them with the signed weights: it adds two u8 x s8 products in 16 bits, which holds
+   2 x 127 x 127 = 32,258 (8-bit activations, 255 x 127 x 2, would saturate; hence L <= 63).
+   VPMADDWD then adds pairs of those into 32 bits: each step sums 4 inputs of 8 columns. The
+   shift is taken back at the end, sum(u w) - (L + 1) sum(w) = sum(q w), exactly.
+
+   The rounding is done once for all rows, then each thread takes whole panels (OpenMP,
+   PyTorch's own runtime: avx2.py checks that one libgomp is loaded). For each panel the rows go
+   through in blocks of 6: 6 rows x 16 columns of sums stay in 12 registers while the inputs
+   stream past, each step of 4 inputs one pair of panel loads, 6 broadcasts and 12 of each of
+   VPMADDUBSW, VPMADDWD and VPADDD, and the panel (6 KiB at k = 384) stays in the core's cache.
+   No load or store needs aligned memory. */
+
+#include <float.h>
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "avx2_math.h"
+
+#define PANEL 16
+#define ROWS 6
+#define GROUP 64 /* bytes of a panel per group of 4 inputs */
+
+/* One row: t = a * unsmooth, s = max|t| / L (at least FLT_MIN), u = round(t / s) + L + 1, as
+   precision.py computes them (the same products, division and rounding to even). */
+static void quantize(const float *a, int64_t k, const float *unsmooth, int levels, uint8_t *u,
+                     int64_t kp, float *scale) {
+  const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 top = _mm256_setzero_ps();
+  float last = 0.f;
+  int64_t j = 0;
+  for (; j + 8 <= k; j += 8) {
+    __m256 t = _mm256_loadu_ps(a + j);
+    if (unsmooth) t = _mm256_mul_ps(t, _mm256_loadu_ps(unsmooth + j));
+    top = _mm256_max_ps(top, _mm256_and_ps(t, absmask));
+  }
+  for (; j < k; j++) {
+    float t = unsmooth ? a[j] * unsmooth[j] : a[j];
+    last = fmaxf(last, fabsf(t));
+  }
+  float lanes[8];
+  _mm256_storeu_ps(lanes, top);
+  for (int i = 0; i < 8; i++) last = fmaxf(last, lanes[i]);
+  float s = last / (float)levels;
+  if (!(s >= FLT_MIN)) s = FLT_MIN; /* (a row of zeros) */
+  *scale = s;
+  const __m256 vs = _mm256_set1_ps(s);
+  const __m256i shift = _mm256_set1_epi32(levels + 1);
+  j = 0;
+  for (; j + 8 <= k; j += 8) {
+    __m256 t = _mm256_loadu_ps(a + j);
+    if (unsmooth) t = _mm256_mul_ps(t, _mm256_loadu_ps(unsmooth + j));
+    /* (the default rounding mode rounds halves to even, as torch.round) */
+    __m256i q = _mm256_add_epi32(_mm256_cvtps_epi32(_mm256_div_ps(t, vs)), shift);
+    /* 8 int32 of 1..127 -> 8 bytes */
+    __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+    __m128i w16 = _mm_packs_epi32(lo, hi);
+    __m128i b8 = _mm_packus_epi16(w16, w16);
+    _mm_storel_epi64((__m128i *)(u + j), b8);
+  }
+  for (; j < k; j++) {
+    float t = unsmooth ? a[j] * unsmooth[j] : a[j];
+    u[j] = (uint8_t)((int)nearbyintf(t / s) + levels + 1);
+  }
+  for (; j < kp; j++) u[j] = 0; /* (against zero weights: nothing) */
+}
+
+#define STEP(r)                                                                 \
+  if (R > r) {                                                                  \
+    __m256i x = _mm256_set1_epi32(*(const int32_t *)(u + (r) * kp + 4 * g));    \
+    s##r##0 = _mm256_add_epi32(s##r##0,                                         \
+                               _mm256_madd_epi16(_mm256_maddubs_epi16(x, w0), ones)); \
+    s##r##1 = _mm256_add_epi32(s##r##1,                                         \
+                               _mm256_madd_epi16(_mm256_maddubs_epi16(x, w1), ones)); \
+  }
+/* sum(q w) = sum(u w) - corr, times s_w, then times the row's s plus the bias in one rounding:
+   precision.py's float32 arithmetic to the bit (torch.addcmul fuses the same way); then GELU,
+   then the residual */
+#define FINISH(r, h)                                                                         \
+  {                                                                                          \
+    __m256 y = _mm256_cvtepi32_ps(_mm256_sub_epi32(s##r##h, _mm256_loadu_si256(              \
+                                                                (const __m256i *)(corr + 8 * h)))); \
+    y = _mm256_mul_ps(y, _mm256_loadu_ps(wscale + 8 * h));                                   \
+    y = bias ? _mm256_fmadd_ps(y, _mm256_set1_ps(ascale[r]), _mm256_loadu_ps(bias + 8 * h))  \
+             : _mm256_mul_ps(y, _mm256_set1_ps(ascale[r]));                                  \
+    if (gelu) y = gelu8(y);                                                                  \
+    if (add) y = _mm256_add_ps(y, _mm256_loadu_ps(add + (r) * ldc + 8 * h));                 \
+    _mm256_storeu_ps(c + (r) * ldc + 8 * h, y);                                              \
+  }
+#define STORE(r)   \
+  if (R > r) {     \
+    FINISH(r, 0)   \
+    FINISH(r, 1)   \
+  }
+#define BLOCK(R_)                                                                            \
+  static void block##R_(const uint8_t *u, int64_t kp, const float *ascale,                   \
+                        const int8_t *panel, const int32_t *corr, const float *wscale,       \
+                        const float *bias, int gelu, const float *add, float *c, int64_t ldc, \
+                        const int8_t *ahead) {                                               \
+    enum { R = R_ };                                                                         \
+    const __m256i z = _mm256_setzero_si256(), ones = _mm256_set1_epi16(1);                  \
+    __m256i s00 = z, s01 = z, s10 = z, s11 = z, s20 = z, s21 = z, s30 = z, s31 = z;          \
+    __m256i s40 = z, s41 = z, s50 = z, s51 = z;                                              \
+    for (int64_t g = 0; g < kp / 4; g++) {                                                   \
+      __m256i w0 = _mm256_loadu_si256((const __m256i *)(panel + g * GROUP));                 \
+      __m256i w1 = _mm256_loadu_si256((const __m256i *)(panel + g * GROUP + 32));            \
+      if (ahead) _mm_prefetch((const char *)(ahead + g * GROUP), _MM_HINT_T1);               \
+      STEP(0) STEP(1) STEP(2) STEP(3) STEP(4) STEP(5)                                        \
+    }                                                                                        \
+    STORE(0) STORE(1) STORE(2) STORE(3) STORE(4) STORE(5)                                    \
+  }
+BLOCK(1) BLOCK(2) BLOCK(3) BLOCK(4) BLOCK(5) BLOCK(6)
+
+static void block(int rows, const uint8_t *u, int64_t kp, const float *ascale,
+                  const int8_t *panel, const int32_t *corr, const float *wscale,
+                  const float *bias, int gelu, const float *add, float *c, int64_t ldc,
+                  const int8_t *ahead) {
+  switch (rows) {
+    case 6: block6(u, kp, ascale, panel, corr, wscale, bias, gelu, add, c, ldc, ahead); break;
+    case 5: block5(u, kp, ascale, panel, corr, wscale, bias, gelu, add, c, ldc, ahead); break;
+    case 4: block4(u, kp, ascale, panel, corr, wscale, bias, gelu, add, c, ldc, ahead); break;
+    case 3: block3(u, kp, ascale, panel, corr, wscale, bias, gelu, add, c, ldc, ahead); break;
+    case 2: block2(u, kp, ascale, panel, corr, wscale, bias, gelu, add, c, ldc, ahead); break;
+    default: block1(u, kp, ascale, panel, corr, wscale, bias, gelu, add, c, ldc, ahead); break;
+  }
+}
+
+/* The last panel of an n that is not a multiple of 16: computed into a 6 x 16 scratch (its
+   corrections, scales, bias and add read through zero-padded copies), then its first `cols`
+   columns copied out. */
+static void partial(int rows, int cols, const uint8_t *u, int64_t kp, const float *ascale,
+                    const int8_t *panel, const int32_t *corr, const float *wscale,
+                    const float *bias, int gelu, const float *add, float *c, int64_t ldc) {
+  float out[ROWS * PANEL], plus[ROWS * PANEL] = {0}, b[PANEL] = {0}, ws[PANEL] = {0};
+  int32_t cr[PANEL] = {0};
+  for (int j = 0; j < cols; j++) {
+    b[j] = bias ? bias[j] : 0.f;
+    ws[j] = wscale[j];
+    cr[j] = corr[j];
+  }
+  for (int r = 0; r < rows; r++)
+    for (int j = 0; j < PANEL; j++) plus[r * PANEL + j] = add && j < cols ? add[r * ldc + j] : 0.f;
+  block(rows, u, kp, ascale, panel, cr, ws, b, gelu, add ? plus : 0, out, PANEL, 0);
+  for (int r = 0; r < rows; r++)
+    for (int j = 0; j < cols; j++) c[r * ldc + j] = out[r * PANEL + j];
+}
+
+/* Returns 0, or -1 (nothing read or written) where levels is outside 1..63. */
+int bertlab_qgemm(const float *a, int64_t m, int64_t k, const float *unsmooth, int levels,
+                  const int8_t *panels, const int32_t *corr, const float *wscale, int64_t n,
+                  const float *bias, int gelu, const float *add, float *c, uint8_t *qa,
+                  float *ascale, int threads) {
+  if (levels < 1 || levels > 63) return -1;
+  const int64_t kp = (k + 3) / 4 * 4, count = (n + PANEL - 1) / PANEL;
+#pragma omp parallel num_threads(threads)
+  {
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < m; r++)
+      quantize(a + r * k, k, unsmooth, levels, qa + r * kp, kp, ascale + r);
+    /* (the loop's barrier: every row is rounded before any panel reads it) */
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < count; p++) {
+      const int8_t *panel = panels + p * kp * PANEL;
+      const int64_t col = p * PANEL;
+      const int cols = n - col < PANEL ? (int)(n - col) : PANEL;
+      const int8_t *next = p + 1 < count ? panel + kp * PANEL : 0;
+      const int64_t prefetching = m > ROWS ? ROWS : 0;
+      for (int64_t row = 0; row < m; row += ROWS) {
+        const int rows = m - row < ROWS ? (int)(m - row) : ROWS;
+        const float *plus = add ? add + row * n + col : 0;
+        if (cols == PANEL)
+          block(rows, qa + row * kp, kp, ascale + row, panel, corr + col, wscale + col,
+                bias ? bias + col : 0, gelu, plus, c + row * n + col, n,
+                row == prefetching ? next : 0);
+        else
+          partial(rows, cols, qa + row * kp, kp, ascale + row, panel, corr + col, wscale + col,
+                  bias ? bias + col : 0, gelu, plus, c + row * n + col, n);
+      }
+    }
+  }
+  return 0;
+}
