@@ -151,7 +151,8 @@ def on_sgemm(monkeypatch, why="bertlab's AVX2 kernel, measured faster"):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_model_on_sgemm_equals_pytorchs_own_products(dtype, monkeypatch):
     """Every layer's four products (query-key-value as one, the attention's output, the two of
-    the feed-forward network) on the kernel, with the residual summed inside it; the hidden
+    the feed-forward network) on the kernel, with the residual summed and the layer norm
+    applied inside it; the hidden
     states equal those of nn.Linear within the dtype's tolerance."""
     on_sgemm(monkeypatch)
     calls = []
@@ -165,6 +166,9 @@ def test_the_model_on_sgemm_equals_pytorchs_own_products(dtype, monkeypatch):
         assert len(calls) == 4 * 3
         assert sum(len(c) > 4 and c[4] is not None for c in calls) == 2 * 3  # two sums a layer
         assert sum(len(c) > 5 and c[5] for c in calls) == 3  # GELU inside the product
+        # and the layer norms in float32 (a bfloat16 model's run as its modules, in bfloat16)
+        norms = sum(len(c) > 6 and c[6] is not None for c in calls)
+        assert norms == (2 * 3 if dtype == torch.float32 else 0)
         model.set_fast_inference(False)
         want = model(ids, mask, output_hidden_states=True)
     assert len(calls) == 4 * 3

@@ -177,9 +177,9 @@ def spy(monkeypatch):
     calls = []
     real = avx2.qproduct
 
-    def qproduct(x, layer, add=None, gelu=False):
-        calls.append(dict(x=x, layer=layer, add=add, gelu=gelu))
-        return real(x, layer, add, gelu)
+    def qproduct(x, layer, add=None, gelu=False, norm=None):
+        calls.append(dict(x=x, layer=layer, add=add, gelu=gelu, norm=norm))
+        return real(x, layer, add, gelu, norm)
 
     monkeypatch.setattr(avx2, "qproduct", qproduct)
     return calls
@@ -188,7 +188,7 @@ def spy(monkeypatch):
 @needs_kernel
 def test_the_model_on_u8_avx2_runs_every_product_there_fused_and_close_to_float32(monkeypatch):
     """A quantized model on u8-avx2: each layer's query-key-value as one product (and the
-    pooler's), the two
+    pooler's), the two layer norms, the two
     residual sums and the GELU inside the kernel; the hidden states as close to float32's as
     the same model's on precision.py's own arithmetic (the traced form, which the kernel
     equals product by product)."""
@@ -203,6 +203,7 @@ def test_the_model_on_u8_avx2_runs_every_product_there_fused_and_close_to_float3
     assert len(calls) == 4 * 3 + 1  # (and the pooler's)
     assert sum(call["add"] is not None for call in calls) == 2 * 3
     assert sum(call["gelu"] for call in calls) == 3
+    assert sum(call["norm"] is not None for call in calls) == 2 * 3  # the layer norms too
     real = mask.bool()
     with torch.inference_mode(), pytest.MonkeyPatch.context() as m:
         m.setattr(precision, "tracing", lambda: True)  # the products on int8_product's formula

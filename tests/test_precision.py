@@ -269,7 +269,8 @@ def test_a_traced_int8_model_runs_its_attention_projections_as_one_product(tmp_p
     pooler = q.pooler is not None
     assert products == [4 * CFG.num_hidden_layers + pooler]  # not 6 per layer
     real = mask.bool()
-    assert (traced[real] - eager[real]).abs().max() < 1e-5
+    # (to float32 rounding: the eager model's layer norms may run inside bertlab's AVX2 kernels)
+    torch.testing.assert_close(traced[real], eager[real], rtol=1e-5, atol=1e-5)
     q.save_pretrained(tmp_path)  # nothing shared between the layers' tensors
     # projections smoothed apart (built by hand, not by quantize_int8) stay three products
     s = q.encoder.layer[0].attention.self

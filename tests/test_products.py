@@ -277,7 +277,9 @@ def test_spare_rows_never_reach_an_output(monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_no_spare_rows_where_the_products_run_on_sgemm(dtype, monkeypatch):
     """sgemm-avx2 builds nothing per shape, so a packed batch runs its own rows only (a spare
-    row would be arithmetic for nothing), in float32 and in bfloat16's float32 route."""
+    row would be arithmetic for nothing), in float32 and in bfloat16's float32 route: the
+    products' inputs and the layer norms' (in float32 each layer's two run inside the
+    products, the embeddings' as its module)."""
     few_rows_on(monkeypatch, "sgemm-avx2")
     calls = spy_sgemm(monkeypatch)
     model, ids, mask = _ffn_model(dtype)
@@ -285,7 +287,10 @@ def test_no_spare_rows_where_the_products_run_on_sgemm(dtype, monkeypatch):
     monkeypatch.setattr(torch.nn.functional, "layer_norm", _spy(F.layer_norm, seen))
     with torch.inference_mode():
         model(ids, mask)
-    assert [t.shape[0] for t in seen] == [78] * 5 and len(calls) == 4 * 2
+    inside = 4 if dtype == torch.float32 else 0
+    assert [t.shape[0] for t in seen] == [78] * (5 - inside) and len(calls) == 4 * 2
+    assert all(c[0].shape[0] == 78 for c in calls)
+    assert sum(len(c) > 6 and c[6] is not None for c in calls) == inside
 
 
 def _spy(fn, seen):

@@ -2,11 +2,12 @@
 in float32 and in int8, and the attention of short sequences.
 
     pack(weight)                              (N, K) -> (ceil(N/16), K, 16) panels
-    product(x, panels, bias, n, add=None, gelu=False)
-                                              (..., K) -> (..., N): act(x W^T + b) (+ add)
+    product(x, panels, bias, n, add=None, gelu=False, norm=None)
+                                              (..., K) -> (..., N): norm(act(x W^T + b) (+ add))
     pack_int8(weight, scale, bias, levels, unsmooth=None)
                                               an int8 layer (N, K) -> Int8Panels
-    qproduct(x, layer, add=None, gelu=False)  (..., K) -> (..., N): the int8 product
+    qproduct(x, layer, add=None, gelu=False, norm=None)
+                                              (..., K) -> (..., N): the int8 product, the same
     attention(q, k, v, starts, longest)       (N, A, D) each -> (N, A, D): packed sequences
     load()                                    build and load the kernels once: None, or why not
     why_not()                                 why they cannot run in this process (None: they can)
@@ -93,6 +94,38 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     return w.view(padded // PANEL, PANEL, k).transpose(1, 2).contiguous()
 
 
+class Norm(NamedTuple):
+    """A layer norm applied to each output row once it is whole: (y - mean) / sqrt(var + eps) *
+    weight + bias over the row's n values (F.layer_norm's, up to rounding), n a multiple of 8."""
+
+    weight: torch.Tensor  # (n,) float32
+    bias: torch.Tensor  # (n,) float32
+    eps: float
+
+
+def _norm(norm: Norm | None, n: int, who: str) -> tuple[int | None, int | None, float]:
+    """The kernel's arguments for ``norm`` over rows of n (ValueError, naming them, where they
+    do not fit)."""
+    if norm is None:
+        return None, None, 0.0
+    w, b = norm.weight, norm.bias
+    if (
+        n % 8
+        or w.dtype != torch.float32
+        or b.dtype != torch.float32
+        or w.shape != (n,)
+        or b.shape != (n,)
+        or not w.is_contiguous()
+        or not b.is_contiguous()
+    ):
+        raise ValueError(
+            f"avx2.{who}: a layer norm of weight {tuple(w.shape)} {w.dtype} and bias "
+            f"{tuple(b.shape)} {b.dtype} over rows of {n}: float32 (n,) each, contiguous, n a "
+            "multiple of 8"
+        )
+    return w.data_ptr(), b.data_ptr(), float(norm.eps)
+
+
 def product(
     x: torch.Tensor,
     panels: torch.Tensor,
@@ -100,11 +133,12 @@ def product(
     n: int,
     add: torch.Tensor | None = None,
     gelu: bool = False,
+    norm: Norm | None = None,
 ) -> torch.Tensor:
-    """(..., K) float32 -> (..., n): ``act(x W^T + bias) (+ add)``, W packed by ``pack`` into
-    ``panels``; ``bias`` (n) or None, ``add`` (..., n) or None; act GELU with erf where
-    ``gelu``, else none. The first call loads the kernels (RuntimeError, saying why, where they
-    cannot run)."""
+    """(..., K) float32 -> (..., n): ``norm(act(x W^T + bias) (+ add))``, W packed by ``pack``
+    into ``panels``; ``bias`` (n) or None, ``add`` (..., n) or None; act GELU with erf where
+    ``gelu``, else none; ``norm`` a layer norm of each row (``Norm``) or None. The first call
+    loads the kernels (RuntimeError, saying why, where they cannot run)."""
     k = x.shape[-1]
     if (
         x.dtype != torch.float32
@@ -121,22 +155,17 @@ def product(
             f"{None if bias is None else tuple(bias.shape)}, add "
             f"{None if add is None else tuple(add.shape)})"
         )
+    lnw, lnb, eps = _norm(norm, n, "product")
     x = x.contiguous()
     rows = math.prod(x.shape[:-1])
     out = x.new_empty(*x.shape[:-1], n)
     if rows and n:
         _kernels().sgemm(
-            x.data_ptr(),
-            rows,
-            k,
-            panels.data_ptr(),
-            n,
-            None if bias is None else bias.data_ptr(),
-            bool(gelu),
-            None if add is None else add.data_ptr(),
-            out.data_ptr(),
+            x.data_ptr(), rows, k, panels.data_ptr(), n,
+            None if bias is None else bias.data_ptr(), bool(gelu),
+            None if add is None else add.data_ptr(), lnw, lnb, eps, out.data_ptr(),
             torch.get_num_threads(),
-        )
+        )  # fmt: skip
     return out
 
 
@@ -199,13 +228,17 @@ def pack_int8(
 
 
 def qproduct(
-    x: torch.Tensor, layer: Int8Panels, add: torch.Tensor | None = None, gelu: bool = False
+    x: torch.Tensor,
+    layer: Int8Panels,
+    add: torch.Tensor | None = None,
+    gelu: bool = False,
+    norm: Norm | None = None,
 ) -> torch.Tensor:
-    """(..., K) float32 -> (..., N): ``act(s_x (q(x) W^T) s_w + bias) (+ add)``, each row of
-    ``x * unsmooth`` rounded to -levels..levels by its own scale s_x (precision.py's int8
+    """(..., K) float32 -> (..., N): ``norm(act(s_x (q(x) W^T) s_w + bias) (+ add))``, each row
+    of ``x * unsmooth`` rounded to -levels..levels by its own scale s_x (precision.py's int8
     product), for a layer packed by ``pack_int8``; ``add`` (..., N) or None; act GELU with erf
-    where ``gelu``. The first call loads the kernels (RuntimeError, saying why, where they
-    cannot run)."""
+    where ``gelu``; ``norm`` a layer norm of each row (``Norm``) or None. The first call loads
+    the kernels (RuntimeError, saying why, where they cannot run)."""
     n = layer.corr.shape[0]
     if (
         x.dtype != torch.float32
@@ -217,6 +250,7 @@ def qproduct(
             f"{None if add is None else tuple(add.shape)}) does not fit a layer of "
             f"{layer.inputs} float32 inputs and {n} outputs (add (..., {n}), contiguous)"
         )
+    lnw, lnb, eps = _norm(norm, n, "qproduct")
     x = x.contiguous()
     rows = math.prod(x.shape[:-1])
     out = x.new_empty(*x.shape[:-1], n)
@@ -230,7 +264,7 @@ def qproduct(
             x.data_ptr(), rows, layer.inputs, None if unsmooth is None else unsmooth.data_ptr(),
             layer.levels, layer.panels.data_ptr(), layer.corr.data_ptr(), layer.scale.data_ptr(),
             n, None if bias is None else bias.data_ptr(), bool(gelu),
-            None if add is None else add.data_ptr(), out.data_ptr(), address,
+            None if add is None else add.data_ptr(), lnw, lnb, eps, out.data_ptr(), address,
             address + rows * width, torch.get_num_threads(),
         )  # fmt: skip
         if status:  # (pack_int8 checked them: a layer changed since)
@@ -403,10 +437,10 @@ def _build_and_load() -> object:
         )
     i64, ptr, i32, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_float
     sgemm, attend, qgemm = lib.bertlab_sgemm, lib.bertlab_attention, lib.bertlab_qgemm
-    sgemm.argtypes = [ptr, i64, i64, ptr, i64, ptr, i32, ptr, ptr, i32]
+    sgemm.argtypes = [ptr, i64, i64, ptr, i64, ptr, i32, ptr, ptr, ptr, f32, ptr, i32]
     attend.argtypes = [ptr, i64, ptr, i64, ptr, i64, ptr, i64, ptr, i64, i64, i64, i64, i64,
                        f32, ptr, i32]  # fmt: skip
-    qgemm.argtypes = [ptr, i64, i64, ptr, i32, ptr, ptr, ptr, i64, ptr, i32, ptr, ptr, ptr, ptr,
-                      i32]  # fmt: skip
+    qgemm.argtypes = [ptr, i64, i64, ptr, i32, ptr, ptr, ptr, i64, ptr, i32, ptr, ptr, ptr, f32,
+                      ptr, ptr, ptr, i32]  # fmt: skip
     sgemm.restype, attend.restype, qgemm.restype = None, ctypes.c_int, ctypes.c_int
     return SimpleNamespace(sgemm=sgemm, attention=attend, qgemm=qgemm)

@@ -1,11 +1,13 @@
 /* Element functions of 8 floats at once for bertlab's AVX2 kernels (avx2.py builds them):
-   e^x for the attention's softmax (attention_avx2.c), and GELU for the product's epilogue
-   (sgemm_avx2.c). */
+   e^x for the attention's softmax (attention_avx2.c), GELU for the products' epilogue, and the
+   layer norm of a row that follows a product (sgemm_avx2.c, int8_avx2.c). */
 
 #ifndef BERTLAB_AVX2_MATH_H
 #define BERTLAB_AVX2_MATH_H
 
 #include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
 
 /* e^x for 8 floats at once, x <= 88: x = n ln2 + r with |r| <= ln2 / 2, e^r by Cephes' degree-7
    polynomial (about 1 ulp), times 2^n written into the exponent. Below -87.3 (where e^x is under
@@ -52,6 +54,35 @@ static inline __m256 gelu8(__m256 x) {
   const __m256 h = _mm256_mul_ps(_mm256_mul_ps(t, exp8(p)), _mm256_set1_ps(0.5f));
   const __m256 positive = _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_GE_OQ);
   return _mm256_mul_ps(x, _mm256_blendv_ps(h, _mm256_sub_ps(one, h), positive));
+}
+
+/* Layer norm of one row of n floats in place, n a multiple of 8: y = (x - mean) / sqrt(var + eps)
+   * weight + bias, the mean and the (biased) variance over the row in two passes of 8 lanes (the
+   sum, then the squared deviations from the mean), each lane's partial sums added in one fixed
+   order: the same bits on any thread count. */
+static inline float sum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+static inline void layer_norm_row(float *y, int64_t n, const float *weight, const float *bias,
+                                  float eps) {
+  __m256 s = _mm256_setzero_ps();
+  for (int64_t j = 0; j < n; j += 8) s = _mm256_add_ps(s, _mm256_loadu_ps(y + j));
+  const __m256 mean = _mm256_set1_ps(sum8(s) / (float)n);
+  s = _mm256_setzero_ps();
+  for (int64_t j = 0; j < n; j += 8) {
+    __m256 d = _mm256_sub_ps(_mm256_loadu_ps(y + j), mean);
+    s = _mm256_fmadd_ps(d, d, s);
+  }
+  const __m256 r = _mm256_set1_ps(1.0f / sqrtf(sum8(s) / (float)n + eps));
+  for (int64_t j = 0; j < n; j += 8) {
+    __m256 v = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(y + j), mean), r);
+    _mm256_storeu_ps(y + j, _mm256_fmadd_ps(v, _mm256_loadu_ps(weight + j),
+                                            _mm256_loadu_ps(bias + j)));
+  }
 }
 
 #endif

@@ -41,7 +41,7 @@ class BertPredictionHeadTransform(nn.Module):
         self.LayerNorm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., H)
-        return self.LayerNorm(products.linear(self.dense, x, act=self.transform_act_fn))
+        return products.linear(self.dense, x, act=self.transform_act_fn, norm=self.LayerNorm)
 
 
 class BertLMPredictionHead(nn.Module):

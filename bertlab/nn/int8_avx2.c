@@ -1,6 +1,6 @@
-/* bertlab's int8 product for AVX2 CPUs: c = act(s_x (q(x) . w^T) s_w + bias) (+ add), the
-   activations rounded per token inside the call, on an int8 weight packed once; act GELU (with
-   erf) or none.
+/* bertlab's int8 product for AVX2 CPUs: c = norm(act(s_x (q(x) . w^T) s_w + bias) (+ add)),
+   the activations rounded per token inside the call, on an int8 weight packed once; act GELU
+   (with erf) or none, norm a layer norm of each row or none (as in sgemm_avx2.c).
 
    Built and loaded by avx2.py, which says when it is used and why (bertlab.nn.cpu chooses it).
    The numbers are precision.py's (its module docstring): per-token activations with L levels,
@@ -16,6 +16,7 @@
             n); one panel is one contiguous block of ceil(k/4) x 64 bytes
    corr     (n) int32: (L + 1) times the sum of each weight row (the zero point's share)
    wscale   (n) the weights' scales;  bias (n) or NULL;  add (m, n) or NULL
+   lnw, lnb (n) or NULL, eps: the layer norm of each finished row (n a multiple of 8)
    c        (m, n) row-major float32: the output
    qa       m x ceil(k/4) x 4 bytes of scratch: the rounded rows;  ascale (m) floats of scratch
 
@@ -171,8 +172,9 @@ static void partial(int rows, int cols, const uint8_t *u, int64_t kp, const floa
 /* Returns 0, or -1 (nothing read or written) where levels is outside 1..63. */
 int bertlab_qgemm(const float *a, int64_t m, int64_t k, const float *unsmooth, int levels,
                   const int8_t *panels, const int32_t *corr, const float *wscale, int64_t n,
-                  const float *bias, int gelu, const float *add, float *c, uint8_t *qa,
-                  float *ascale, int threads) {
+                  const float *bias, int gelu, const float *add, const float *lnw,
+                  const float *lnb, float eps, float *c, uint8_t *qa, float *ascale,
+                  int threads) {
   if (levels < 1 || levels > 63) return -1;
   const int64_t kp = (k + 3) / 4 * 4, count = (n + PANEL - 1) / PANEL;
 #pragma omp parallel num_threads(threads)
@@ -199,6 +201,10 @@ int bertlab_qgemm(const float *a, int64_t m, int64_t k, const float *unsmooth, i
           partial(rows, cols, qa + row * kp, kp, ascale + row, panel, corr + col, wscale + col,
                   bias ? bias + col : 0, gelu, plus, c + row * n + col, n);
       }
+    }
+    if (lnw) { /* (after the loop's barrier: every row is whole) */
+#pragma omp for schedule(static)
+      for (int64_t r = 0; r < m; r++) layer_norm_row(c + r * n, n, lnw, lnb, eps);
     }
   }
   return 0;

@@ -121,9 +121,10 @@ class BertSelfOutput(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, context: torch.Tensor, x: torch.Tensor) -> torch.Tensor:  # (B, T, H)
-        # x + dropout(W_O context + b_O), the sum inside the product where it can be
-        return self.LayerNorm(
-            products.linear(self.dense, context, dropout=self.dropout, residual=x)
+        # LN(x + dropout(W_O context + b_O)), the sum and the norm inside the product where they
+        # can be
+        return products.linear(
+            self.dense, context, dropout=self.dropout, residual=x, norm=self.LayerNorm
         )
 
 
@@ -175,8 +176,8 @@ class BertOutput(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:  # (B,T,I),(B,T,H)->(B,T,H)
-        # x + dropout(h W_2 + b_2), the sum inside the product where it can be
-        return self.LayerNorm(products.linear(self.dense, h, dropout=self.dropout, residual=x))
+        # LN(x + dropout(h W_2 + b_2)), the sum and the norm inside the product where they can be
+        return products.linear(self.dense, h, dropout=self.dropout, residual=x, norm=self.LayerNorm)
 
 
 # ============================================================================ layer, encoder

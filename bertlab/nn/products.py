@@ -1,13 +1,15 @@
 """The product of a linear layer: one seam, one policy.
 
-    linear(layer, x, act=None, dropout=None, residual=None)   residual + dropout(act(layer(x)))
-    projections(layers, x)                                    tuple(l(x) for l in layers)
+    linear(layer, x, act=None, dropout=None, residual=None, norm=None)
+                               norm(residual + dropout(act(layer(x))))
+    projections(layers, x)     tuple(l(x) for l in layers)
 
 The forwards of model.py and heads.py call these wherever a linear layer's output meets its
-activation or its residual sum, and for the query, key and value projections, which read one
-input. ``route`` chooses how each call is computed, from the layer's type, the dtype and device
-of the input, whether a gradient is recorded or autocast is on, whether the model is being
-traced, and the CPU's class (cpu.py: ``cpu.current().products`` maps a dtype to its route):
+activation, its residual sum or the layer norm after them, and for the query, key and value
+projections, which read one input. ``route`` chooses how each call is computed, from the
+layer's type, the dtype and device of the input, whether a gradient is recorded or autocast is
+on, whether the model is being traced, and the CPU's class (cpu.py: ``cpu.current().products``
+maps a dtype to its route):
 
     "onednn"  a plain ``nn.Linear``, CPU, float32 on x86 from AVX2 up (or bfloat16 where the
               CPU has bfloat16 instructions: AVX512-BF16 or AMX), no gradient recorded, no
@@ -23,7 +25,8 @@ traced, and the CPU's class (cpu.py: ``cpu.current().products`` maps a dtype to 
               ``cpu.current().float32_kernel == "sgemm-avx2"`` (AMD's AVX2 CPUs) every float32
               product runs on bertlab's own kernel instead (avx2.py), on the weight packed in
               its panels, the residual or GELU applied inside it (another activation in place
-              after).
+              after), and the layer norm that follows (``norm=``) inside it too, on each row
+              once it is whole: PyTorch's layer norm cost 10-26 us a call on a short sentence.
     "float32" the same layer in bfloat16 on a CPU without bfloat16 instructions, where
               PyTorch's bfloat16 products emulate them several times slower than float32: the
               product is computed in float32 (on oneDNN's packed float32 copy of the weight on
@@ -32,12 +35,17 @@ traced, and the CPU's class (cpu.py: ``cpu.current().products`` maps a dtype to 
     "int8"    an ``Int8Linear`` (precision.quantize_int8) without hooks: the int8 product
               (precision.int8_product, on the CPU's int8 kernel), then the activation or the
               sum in place; layers that share their smoothing run as one product (the input
-              rounded once).
+              rounded once). On bertlab's u8-avx2 kernel the GELU, the sum and the layer norm
+              run inside it, as on sgemm-avx2.
     "module"  anything else: the layer is called as a module (its hooks run, autograd records
               it, an adapter such as LoRA wrapped around it computes, a compiler or exporter
               traces ``F.linear`` and fuses on its own, autocast picks its dtype), then the
               activation, dropout and sum in PyTorch (the sum into dropout's fresh output
               where dropout ran, as its backward needs only its mask).
+
+A layer norm is called as its module wherever the kernel does not apply it (every route but
+sgemm-avx2 and u8-avx2, and there a norm with a hook, a gradient recorded for its parameters, or
+a shape or dtype the kernel does not take: ``_inside``).
 
 The routes give the same results up to rounding: in float32 the oneDNN, MKL and sgemm-avx2
 products order their sums differently from PyTorch's BLAS and from each other (about 1e-6
@@ -165,22 +173,24 @@ def linear(
     act: nn.Module | None = None,
     dropout: nn.Module | None = None,
     residual: torch.Tensor | None = None,
+    norm: nn.Module | None = None,
 ) -> torch.Tensor:
-    """(..., in) -> (..., out): ``residual + dropout(act(layer(x)))``, each part optional.
+    """(..., in) -> (..., out): ``norm(residual + dropout(act(layer(x))))``, each part optional.
     ``act`` is the activation module the network holds (its oneDNN form is found in
-    activations.py); ``residual`` (..., out)."""
+    activations.py); ``residual`` (..., out); ``norm`` the layer norm module that follows
+    (computed inside bertlab's AVX2 kernels where ``_inside`` says so, else called)."""
     way = route(layer, x, dropout)
     if way == "float32":  # a bfloat16 product without bfloat16 instructions
         _say_float32()
         res = None if residual is None else residual.float()
-        return _product((layer,), x.float(), act, res).to(x.dtype)
-    if way == "onednn":
-        return _product((layer,), x, act, residual)
-    if way == "int8":
+        y = _product((layer,), x.float(), act, res).to(x.dtype)
+    elif way == "onednn":
+        return _product((layer,), x, act, residual, norm)
+    elif way == "int8":
         weight, bias = int8_weight((layer,))
         if weight.kernel == "u8-avx2" and weight.packed is not None:
-            return _qgemm(x, weight.packed, act, residual)
-        y = int8_product(x, weight, bias)
+            return _qgemm(x, weight.packed, act, residual, norm)
+        y = _epilogue(int8_product(x, weight, bias), act, residual)
     else:
         y = layer(x)
         if act is not None:
@@ -188,11 +198,33 @@ def linear(
         if dropout is not None:
             y = dropout(y)
         if residual is None:
-            return y
-        if dropout is not None and dropout.training and dropout.p > 0 and not _watched(dropout):
-            return y.add_(residual)  # into dropout's fresh output: its backward needs its mask only
-        return y + residual
-    return _epilogue(y, act, residual)
+            pass
+        elif dropout is not None and dropout.training and dropout.p > 0 and not _watched(dropout):
+            y = y.add_(residual)  # into dropout's fresh output: its backward needs its mask only
+        else:
+            y = y + residual
+    return y if norm is None else norm(y)
+
+
+def _inside(norm: nn.Module | None, n: int) -> avx2.Norm | None:
+    """``norm`` as bertlab's AVX2 kernels apply it to each output row of a product of ``n``
+    outputs: a plain nn.LayerNorm over the last dimension with float32 weight and bias, n a
+    multiple of 8, no hook on it, no gradient recorded for it. None where it must be called."""
+    if norm is None or type(norm) is not nn.LayerNorm:
+        return None
+    weight, bias = norm._parameters.get("weight"), norm._parameters.get("bias")
+    if (
+        weight is None
+        or bias is None
+        or weight.dtype != torch.float32
+        or bias.dtype != torch.float32
+        or tuple(norm.normalized_shape) != (n,)
+        or n % 8
+        or _watched(norm)
+        or (torch.is_grad_enabled() and (weight.requires_grad or bias.requires_grad))
+    ):
+        return None
+    return avx2.Norm(weight, bias, norm.eps)
 
 
 def _epilogue(
@@ -210,13 +242,26 @@ def _product(
     x: torch.Tensor,
     act: nn.Module | None = None,
     residual: torch.Tensor | None = None,
+    norm: nn.Module | None = None,
 ) -> torch.Tensor:
-    """``residual + act(x W^T + b)`` for the layers' stacked weights, in x's dtype (float32 or
-    bfloat16): one oneDNN call with its epilogue where oneDNN runs here, else PyTorch's
-    product on the cached copy of the weights, then the epilogue in place. float32 with at
-    most FEW_ROWS rows: MKL's packed product where the policy says so, then the epilogue."""
+    """``norm(residual + act(x W^T + b))`` for the layers' stacked weights, in x's dtype
+    (float32 or bfloat16): one oneDNN call with its epilogue where oneDNN runs here, else
+    PyTorch's product on the cached copy of the weights, then the epilogue in place. float32
+    with at most FEW_ROWS rows: MKL's packed product where the policy says so, then the
+    epilogue. On sgemm-avx2 (``_sgemm``) the norm runs inside the kernel where it can."""
     if x.dtype == torch.float32 and _sgemm_here():
-        return _sgemm(layers, x, act, residual)
+        return _sgemm(layers, x, act, residual, norm)
+    y = _onednn_product(layers, x, act, residual)
+    return y if norm is None else norm(y)
+
+
+def _onednn_product(
+    layers: tuple[nn.Linear, ...],
+    x: torch.Tensor,
+    act: nn.Module | None,
+    residual: torch.Tensor | None,
+) -> torch.Tensor:
+    """``_product`` where the product is not on sgemm-avx2, without the norm."""
     if (
         x.dtype == torch.float32
         and x.numel() <= FEW_ROWS * x.shape[-1]
@@ -242,19 +287,28 @@ def _sgemm(
     x: torch.Tensor,
     act: nn.Module | None,
     residual: torch.Tensor | None,
+    norm: nn.Module | None = None,
 ) -> torch.Tensor:
-    """``residual + act(x W^T + b)`` in float32 by bertlab's AVX2 kernel (avx2.py): GELU (with
-    erf) applied inside it, and the residual summed inside it where no activation comes first;
-    another activation in place after."""
+    """``norm(residual + act(x W^T + b))`` in float32 by bertlab's AVX2 kernel (avx2.py): GELU
+    (with erf) applied inside it, the residual summed inside it where no activation comes
+    first, then the layer norm inside it (``_inside``); another activation in place after, and
+    a norm the kernel cannot apply called after."""
     weight, bias = packed(layers, torch.float32, kernel="sgemm")
     if weight.dim() != 3:  # an inference tensor's weight, not packed (see packed())
-        return _epilogue(F.linear(x, weight, bias), act, residual)
+        y = _epilogue(F.linear(x, weight, bias), act, residual)
+        return y if norm is None else norm(y)
     n = sum(layer.out_features for layer in layers)
+    inside = _inside(norm, n)
     if act is None and residual is not None and residual.dtype == torch.float32:
-        return avx2.product(x, weight, bias, n, _addend(residual, (*x.shape[:-1], n)))
-    if act is not None and activation_of(act) is ACTIVATIONS["gelu"]:
-        return _epilogue(avx2.product(x, weight, bias, n, None, True), None, residual)
-    return _epilogue(avx2.product(x, weight, bias, n), act, residual)
+        y = avx2.product(x, weight, bias, n, _addend(residual, (*x.shape[:-1], n)), False, inside)
+    elif act is not None and activation_of(act) is ACTIVATIONS["gelu"]:
+        if residual is None:
+            y = avx2.product(x, weight, bias, n, None, True, inside)
+        else:  # (the sum comes after the activation: the norm too)
+            y, inside = avx2.product(x, weight, bias, n, None, True).add_(residual), None
+    else:
+        y, inside = _epilogue(avx2.product(x, weight, bias, n), act, residual), None
+    return y if norm is None or inside is not None else norm(y)
 
 
 def _qgemm(
@@ -262,18 +316,26 @@ def _qgemm(
     layer: avx2.Int8Panels,
     act: nn.Module | None,
     residual: torch.Tensor | None,
+    norm: nn.Module | None = None,
 ) -> torch.Tensor:
-    """``residual + act(int8 product)`` by bertlab's u8-avx2 kernel (avx2.py) on the layer as
-    precision.py packed it (its bias with it): the rounding of the activations, GELU (with
-    erf) and the residual sum (where no activation comes first) inside it, as ``_sgemm`` does
-    in float32; another activation in place after."""
+    """``norm(residual + act(int8 product))`` by bertlab's u8-avx2 kernel (avx2.py) on the
+    layer as precision.py packed it (its bias with it): the rounding of the activations, GELU
+    (with erf), the residual sum (where no activation comes first) and the layer norm inside
+    it, as ``_sgemm`` does in float32; another activation in place after, and a norm the kernel
+    cannot apply called after."""
     x = x.float()
+    n = layer.corr.shape[0]
+    inside = _inside(norm, n)
     if act is None and residual is not None and residual.dtype == torch.float32:
-        n = layer.corr.shape[0]
-        return avx2.qproduct(x, layer, _addend(residual, (*x.shape[:-1], n)))
-    if act is not None and activation_of(act) is ACTIVATIONS["gelu"]:
-        return _epilogue(avx2.qproduct(x, layer, None, True), None, residual)
-    return _epilogue(avx2.qproduct(x, layer), act, residual)
+        y = avx2.qproduct(x, layer, _addend(residual, (*x.shape[:-1], n)), False, inside)
+    elif act is not None and activation_of(act) is ACTIVATIONS["gelu"]:
+        if residual is None:
+            y = avx2.qproduct(x, layer, None, True, inside)
+        else:  # (the sum comes after the activation: the norm too)
+            y, inside = avx2.qproduct(x, layer, None, True).add_(residual), None
+    else:
+        y, inside = _epilogue(avx2.qproduct(x, layer), act, residual), None
+    return y if norm is None or inside is not None else norm(y)
 
 
 def _addend(residual: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:

@@ -1,5 +1,5 @@
-/* bertlab's float32 product for AVX2 CPUs: c = act(a . w^T + bias) (+ add), on w packed once,
-   act GELU (with erf) or none.
+/* bertlab's float32 product for AVX2 CPUs: c = norm(act(a . w^T + bias) (+ add)), on w packed
+   once, act GELU (with erf) or none, norm a layer norm of each row or none.
 
    Built and loaded by avx2.py, which says when it is used and why (bertlab.nn.cpu chooses it).
 
@@ -9,6 +9,8 @@
            one contiguous (k, 16) block, read from start to end by each pass over it
    bias    (n) or NULL;  add  (m, n) row-major or NULL (a residual summed into the result)
    gelu    nonzero: GELU applied to each sum and bias while it is in a register (avx2_math.h)
+   lnw, lnb (n) or NULL: each finished row of c normalized by its mean and variance, then
+           times lnw plus lnb (eps added to the variance), n a multiple of 8 (avx2_math.h)
    c       (m, n) row-major: the output
 
    Each thread takes whole panels (OpenMP, PyTorch's own runtime: avx2.py checks that one
@@ -102,26 +104,35 @@ static void partial(int rows, int cols, const float *a, int64_t lda, const float
 }
 
 void bertlab_sgemm(const float *a, int64_t m, int64_t k, const float *panels, int64_t n,
-                   const float *bias, int gelu, const float *add, float *c, int threads) {
+                   const float *bias, int gelu, const float *add, const float *lnw,
+                   const float *lnb, float eps, float *c, int threads) {
   const int64_t count = (n + PANEL - 1) / PANEL;
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (int64_t p = 0; p < count; p++) {
-    const float *panel = panels + p * k * PANEL;
-    const int64_t col = p * PANEL;
-    const int cols = n - col < PANEL ? (int)(n - col) : PANEL;
-    /* the next panel is prefetched into L2 during one pass over this one (the second, where
-       there is one: the first reads this panel from memory), one cache line a step */
-    const float *next = p + 1 < count ? panel + k * PANEL : 0;
-    const int64_t prefetching = m > ROWS ? ROWS : 0;
-    for (int64_t row = 0; row < m; row += ROWS) {
-      const int rows = m - row < ROWS ? (int)(m - row) : ROWS;
-      const float *plus = add ? add + row * n + col : 0;
-      if (cols == PANEL)
-        block(rows, a + row * k, k, panel, k, bias ? bias + col : 0, gelu, plus,
-              c + row * n + col, n, row == prefetching ? next : 0);
-      else
-        partial(rows, cols, a + row * k, k, panel, k, bias ? bias + col : 0, gelu, plus,
-                c + row * n + col, n);
+#pragma omp parallel num_threads(threads)
+  {
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < count; p++) {
+      const float *panel = panels + p * k * PANEL;
+      const int64_t col = p * PANEL;
+      const int cols = n - col < PANEL ? (int)(n - col) : PANEL;
+      /* the next panel is prefetched into L2 during one pass over this one (the second, where
+         there is one: the first reads this panel from memory), one cache line a step */
+      const float *next = p + 1 < count ? panel + k * PANEL : 0;
+      const int64_t prefetching = m > ROWS ? ROWS : 0;
+      for (int64_t row = 0; row < m; row += ROWS) {
+        const int rows = m - row < ROWS ? (int)(m - row) : ROWS;
+        const float *plus = add ? add + row * n + col : 0;
+        if (cols == PANEL)
+          block(rows, a + row * k, k, panel, k, bias ? bias + col : 0, gelu, plus,
+                c + row * n + col, n, row == prefetching ? next : 0);
+        else
+          partial(rows, cols, a + row * k, k, panel, k, bias ? bias + col : 0, gelu, plus,
+                  c + row * n + col, n);
+      }
+    }
+    /* (the loop's barrier: every row is whole before it is normalized) */
+    if (lnw) {
+#pragma omp for schedule(static)
+      for (int64_t r = 0; r < m; r++) layer_norm_row(c + r * n, n, lnw, lnb, eps);
     }
   }
 }
