@@ -410,3 +410,42 @@ def test_the_model_runs_attention_on_the_kernel_where_the_policy_says_and_only_t
     with torch.inference_mode():
         model(ids, mask)
     assert len(calls) == 3
+
+
+@needs_kernel
+@pytest.mark.skipif(not products._onednn_here(), reason="float32 takes PyTorch's kernels here")
+def test_the_layer_norm_runs_inside_the_product_only_where_nothing_must_see_it(monkeypatch):
+    """``norm=``: inside the kernel in inference; called as its module where a hook watches it
+    or a gradient is recorded for it, with the same numbers up to rounding."""
+    on_sgemm(monkeypatch)
+    calls = []
+    real = avx2.product
+    monkeypatch.setattr(avx2, "product", lambda *a: calls.append(a) or real(*a))
+    torch.manual_seed(0)
+    layer, norm = torch.nn.Linear(48, 64), torch.nn.LayerNorm(64)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+        norm.bias.uniform_(-1, 1)
+    x, residual = torch.randn(7, 48), torch.randn(7, 64)
+    want = F.layer_norm(F.linear(x, layer.weight, layer.bias) + residual, (64,), norm.weight,
+                        norm.bias, norm.eps)  # fmt: skip
+    with torch.no_grad():
+        got = products.linear(layer, x, residual=residual, norm=norm)
+    assert calls[-1][6] is not None  # inside
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    seen = []
+    handle = norm.register_forward_hook(lambda m, args, out: seen.append(out))
+    with torch.no_grad():
+        hooked = products.linear(layer, x, residual=residual, norm=norm)
+    handle.remove()
+    assert calls[-1][6] is None and len(seen) == 1 and seen[0] is hooked  # the module ran
+    torch.testing.assert_close(hooked, want, rtol=1e-5, atol=1e-5)
+    layer.requires_grad_(False)  # the product without a gradient, the norm with one
+    trained = products.linear(layer, x, residual=residual, norm=norm)
+    assert calls[-1][6] is None and trained.grad_fn is not None
+    trained.sum().backward()
+    assert norm.weight.grad is not None
+    bare = torch.nn.LayerNorm(64, elementwise_affine=False)  # no weight: its module
+    with torch.no_grad():
+        products.linear(layer, x, residual=residual, norm=bare)
+    assert calls[-1][6] is None

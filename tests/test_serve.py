@@ -874,7 +874,8 @@ def test_the_request_profile_times_every_part_of_the_batch(dtype):
         if rest.strip():
             values[name] = float(rest.split()[0])
     parts = {k: v for k, v in values.items() if k.startswith(("attention", "product", "LayerNorm"))}
-    assert set(parts) >= {
+    # (where the layer norm runs inside the product, sgemm-avx2's and u8-avx2's, it is named)
+    assert {k.removesuffix(" + LayerNorm") for k in parts} >= {
         "attention (packed)",
         "product 384 -> 1152",
         "product 384 -> 384 + residual",

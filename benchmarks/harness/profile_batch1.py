@@ -2,6 +2,12 @@
 latency over 200 calls and torch.profiler's operator table over 50. Prints both; the before and
 after of the batch-1 work are kept in benchmarks/ (profile-batch1-*.txt).
 
+Where bertlab's AVX2 kernels run (bertlab/nn/avx2.py: its C functions are called through
+ctypes, out of the profiler's sight), it also prints the time spent inside them a run, by
+kernel, and the median of the same forward with every kernel call returning at once (its
+outputs left unwritten): what the forward costs around the kernels, in Python and PyTorch's
+operators.
+
     python benchmarks/harness/profile_batch1.py [--threads 2] [--dtype float32|bfloat16|int8]
         [--compiled] [--batch 1] [--onnxruntime]
 
@@ -32,6 +38,7 @@ from torch.profiler import ProfilerActivity, profile
 from bertlab import BertModel, BertTokenizer
 from bertlab.bench.runtimes import calibration_batches, onnxruntime_runner
 from bertlab.bench.speed import machine
+from bertlab.nn import avx2
 from bertlab.nn.compiled import Compiled
 from bertlab.nn.packing import aligned_export
 from bertlab.nn.precision import quantize_int8
@@ -91,6 +98,64 @@ def onnxruntime_profile(tok, threads: int, precision: str, batch: int) -> None:
     print(f"{'all operators':>28}  {1:6.1%}  {total / 50:15.1f}")
 
 
+def median_ms(run, batch: dict, calls: int = 200) -> float:
+    """The median time of ``run(**batch)`` over ``calls`` calls after 20 untimed ones, in ms."""
+    with torch.inference_mode():
+        for _ in range(20):
+            run(**batch)
+        times = []
+        for _ in range(calls):
+            start = time.perf_counter()
+            run(**batch)
+            times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def kernels_share(run, batch: dict) -> None:
+    """The time inside bertlab's AVX2 kernels a run (each C function wrapped in a timer), and
+    the forward's median with their calls returning at once."""
+    why = avx2.load()
+    if why is not None:
+        print(f"bertlab's AVX2 kernels do not run here: {why}")
+        return
+    lib = avx2._kernels()
+    names = ("sgemm", "qgemm", "attention")
+    real = {name: getattr(lib, name) for name in names}
+    spent = {name: [0.0, 0] for name in names}
+
+    def timed(name: str):
+        def call(*args):
+            start = time.perf_counter()
+            result = real[name](*args)
+            spent[name][0] += time.perf_counter() - start
+            spent[name][1] += 1
+            return result
+
+        return call
+
+    try:
+        for name in names:
+            setattr(lib, name, timed(name))
+        with torch.inference_mode():
+            for _ in range(10):
+                run(**batch)
+            spent.update({name: [0.0, 0] for name in names})
+            for _ in range(100):
+                run(**batch)
+        for name in names:
+            setattr(lib, name, lambda *args: 0)
+        idle = median_ms(run, batch)
+    finally:
+        for name in names:
+            setattr(lib, name, real[name])
+    parts = ", ".join(
+        f"{name} {t * 10:.2f} ms in {n // 100} calls" for name, (t, n) in spent.items() if n
+    )
+    total = sum(t for t, _ in spent.values()) * 10
+    print(f"inside bertlab's AVX2 kernels: {total:.2f} ms a run ({parts or 'none called'})")
+    print(f"the same forward with the kernels' calls returning at once: median {idle:.2f} ms")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=int, default=2)
@@ -113,14 +178,8 @@ def main() -> None:
         p.error(f"--batch must be at least 1, got {args.batch}")
     batch = tok([SENTENCE] * args.batch, return_tensors="pt")
     run = Compiled(model) if args.compiled else model
+    median = median_ms(run, batch)
     with torch.inference_mode():
-        for _ in range(20):
-            run(**batch)
-        times = []
-        for _ in range(200):
-            start = time.perf_counter()
-            run(**batch)
-            times.append(time.perf_counter() - start)
         if args.compiled:  # the same kernels called from Python through torch.compile, to see them
             options = {**run._options, "cpp_wrapper": False, "cpp.enable_kernel_profile": True}
             with inductor_config.patch(options), aligned_export():
@@ -133,8 +192,9 @@ def main() -> None:
     m = machine()
     how = ", compiled" if args.compiled else ""
     print(f"{m['cpu']}, {args.threads} threads, torch {m['torch']}, {args.dtype}{how}")
-    median = statistics.median(times) * 1e3
     print(f"{args.batch} x {batch['input_ids'].shape[1]} tokens: median {median:.2f} ms")
+    if not args.compiled:
+        kernels_share(run, batch)
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
 
 

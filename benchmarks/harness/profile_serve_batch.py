@@ -70,11 +70,15 @@ def timed(name: Callable[..., str], fn: Callable[..., Any]) -> Callable[..., Any
     return call
 
 
-def product_name(layer: Any, x: torch.Tensor, act=None, dropout=None, residual=None) -> str:
-    """The part a call of seam.linear(layer, x, act, dropout, residual) is timed under: its
-    product, with the activation or the residual sum applied inside it or right after."""
+def product_name(
+    layer: Any, x: torch.Tensor, act=None, dropout=None, residual=None, norm=None
+) -> str:
+    """The part a call of seam.linear(layer, x, act, dropout, residual, norm) is timed under:
+    its product, with the activation, the residual sum or the layer norm applied inside it or
+    right after."""
     extra = f" + {activation_of(act).name}" if act is not None else ""
     extra += " + residual" if residual is not None else ""
+    extra += " + LayerNorm" if norm is not None else ""
     return f"product {layer.in_features} -> {layer.out_features}{extra}"
 
 

@@ -16,10 +16,11 @@ from bertlab.nn.packing import tracing
 def _check_range(name: str, t: torch.Tensor, limit: int, what: str) -> None:
     """Refuse a value of ``t`` outside [0, limit), naming it and its position. Skipped while
     tracing (it reads the tensor's values; an exported graph cannot raise)."""
-    if tracing():
+    if tracing() or t.numel() == 0:
         return
-    bad = (t < 0) | (t >= limit)
-    if bool(bad.any()):
+    low, high = torch.aminmax(t)  # (one pass: a batch-1 forward's largest check)
+    if low.item() < 0 or high.item() >= limit:
+        bad = (t < 0) | (t >= limit)
         where = tuple(int(i) for i in bad.nonzero()[0])
         value = int(t[where])
         at = where[0] if len(where) == 1 else where

@@ -58,7 +58,7 @@ instruction; what was measured where, natively or on a simulation: docs/performa
   values shifted by a zero point) against int8 weights, with fbgemm's or oneDNN's kernels,
   on weights prepacked once. ``u8-avx2`` is bertlab's own kernel of that kind (avx2.py,
   int8_avx2.c), which rounds the activations inside the call and applies GELU and the residual
-  there too: on an AMD EPYC (Zen 3) the int8 model took 0.63x fbgemm-u8's time at batch 1
+  there too: on an AMD EPYC (Zen 3) the int8 model took 0.63-0.67x fbgemm-u8's time at batch 1
   (docs/performance.md), so it is chosen on AMD's avx2 class, with fbgemm-u8 as the fallback
   where it cannot be built (no C compiler: ``Policy.int8_fallback``); elsewhere it comes last,
   for a PyTorch without fbgemm or oneDNN. Without VNNI those kernels multiply with
