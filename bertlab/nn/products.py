@@ -289,26 +289,14 @@ def _sgemm(
     residual: torch.Tensor | None,
     norm: nn.Module | None = None,
 ) -> torch.Tensor:
-    """``norm(residual + act(x W^T + b))`` in float32 by bertlab's AVX2 kernel (avx2.py): GELU
-    (with erf) applied inside it, the residual summed inside it where no activation comes
-    first, then the layer norm inside it (``_inside``); another activation in place after, and
-    a norm the kernel cannot apply called after."""
+    """``norm(residual + act(x W^T + b))`` in float32 by bertlab's AVX2 kernel (avx2.product),
+    on the layers' weights packed in its panels, with ``_fused``'s epilogue."""
     weight, bias = packed(layers, torch.float32, kernel="sgemm")
     if weight.dim() != 3:  # an inference tensor's weight, not packed (see packed())
         y = _epilogue(F.linear(x, weight, bias), act, residual)
         return y if norm is None else norm(y)
     n = sum(layer.out_features for layer in layers)
-    inside = _inside(norm, n)
-    if act is None and residual is not None and residual.dtype == torch.float32:
-        y = avx2.product(x, weight, bias, n, _addend(residual, (*x.shape[:-1], n)), False, inside)
-    elif act is not None and activation_of(act) is ACTIVATIONS["gelu"]:
-        if residual is None:
-            y = avx2.product(x, weight, bias, n, None, True, inside)
-        else:  # (the sum comes after the activation: the norm too)
-            y, inside = avx2.product(x, weight, bias, n, None, True).add_(residual), None
-    else:
-        y, inside = _epilogue(avx2.product(x, weight, bias, n), act, residual), None
-    return y if norm is None or inside is not None else norm(y)
+    return _fused(functools.partial(avx2.product, x, weight, bias, n), x, n, act, residual, norm)
 
 
 def _qgemm(
@@ -318,23 +306,37 @@ def _qgemm(
     residual: torch.Tensor | None,
     norm: nn.Module | None = None,
 ) -> torch.Tensor:
-    """``norm(residual + act(int8 product))`` by bertlab's u8-avx2 kernel (avx2.py) on the
-    layer as precision.py packed it (its bias with it): the rounding of the activations, GELU
-    (with erf), the residual sum (where no activation comes first) and the layer norm inside
-    it, as ``_sgemm`` does in float32; another activation in place after, and a norm the kernel
-    cannot apply called after."""
+    """``norm(residual + act(int8 product))`` by bertlab's u8-avx2 kernel (avx2.qproduct), on
+    the layer as precision.py packed it (its bias with it; the activations rounded inside the
+    kernel), with ``_fused``'s epilogue."""
     x = x.float()
     n = layer.corr.shape[0]
+    return _fused(functools.partial(avx2.qproduct, x, layer), x, n, act, residual, norm)
+
+
+def _fused(
+    kernel: Callable[..., torch.Tensor],
+    x: torch.Tensor,
+    n: int,
+    act: nn.Module | None,
+    residual: torch.Tensor | None,
+    norm: nn.Module | None,
+) -> torch.Tensor:
+    """``norm(residual + act(y))`` for y the product that ``kernel(add, gelu, norm)`` computes
+    (avx2.product or avx2.qproduct with its layer bound) of ``n`` outputs: GELU (with erf)
+    inside it, the residual summed inside it where no activation comes first, then the layer
+    norm inside it (``_inside``); another activation in place after, and a norm the kernel
+    cannot apply called after."""
     inside = _inside(norm, n)
     if act is None and residual is not None and residual.dtype == torch.float32:
-        y = avx2.qproduct(x, layer, _addend(residual, (*x.shape[:-1], n)), False, inside)
+        y = kernel(_addend(residual, (*x.shape[:-1], n)), False, inside)
     elif act is not None and activation_of(act) is ACTIVATIONS["gelu"]:
         if residual is None:
-            y = avx2.qproduct(x, layer, None, True, inside)
+            y = kernel(None, True, inside)
         else:  # (the sum comes after the activation: the norm too)
-            y, inside = avx2.qproduct(x, layer, None, True).add_(residual), None
+            y, inside = kernel(None, True, None).add_(residual), None
     else:
-        y, inside = _epilogue(avx2.qproduct(x, layer), act, residual), None
+        y, inside = _epilogue(kernel(None, False, None), act, residual), None
     return y if norm is None or inside is not None else norm(y)
 
 
