@@ -43,6 +43,13 @@ links PyTorch's OpenMP runtime (GNU libgomp, which torch has loaded), so its thr
 PyTorch's threads: ``torch.set_num_threads`` sets both, and their spin (bertlab.openmp) is one.
 It is loaded with ctypes: no Python extension, no PyTorch headers, a build of about a second.
 
+``ops()`` builds the same C functions a second time behind a small C++ library
+(avx2_ops.cpp, with PyTorch's headers: about 17 s, once a machine, cached beside the kernels)
+as the PyTorch operators ``torch.ops.bertlab.sgemm`` and ``torch.ops.bertlab.qgemm``: a
+program that bertlab compiles ahead of time (nn/compiled.py) calls those from C++, with no
+Python between them. Traced for such a program (packing.own_program), ``product`` and
+``qproduct`` write themselves as those operators.
+
 Where it cannot run (no compiler, a failed build, an OpenMP runtime other than libgomp, a CPU
 without AVX2 and FMA), ``load`` returns why, products.py warns once and keeps oneDNN's
 products, attention stays on PyTorch's kernel, and int8 takes the policy's fallback kernel
@@ -68,6 +75,7 @@ from typing import Any, NamedTuple
 import torch
 
 from bertlab.nn import cpu
+from bertlab.nn.packing import tracing
 
 PANEL = 16  # output columns a panel holds (two AVX2 registers of 8 floats)
 SOURCES = tuple(
@@ -155,6 +163,9 @@ def product(
             f"{None if bias is None else tuple(bias.shape)}, add "
             f"{None if add is None else tuple(add.shape)})"
         )
+    if tracing():  # (a program bertlab compiles: nn/compiled.py)
+        w, b, eps = (None, None, 0.0) if norm is None else norm
+        return torch.ops.bertlab.sgemm(x, panels, bias, n, add, bool(gelu), w, b, float(eps))
     lnw, lnb, eps = _norm(norm, n, "product")
     x = x.contiguous()
     rows = math.prod(x.shape[:-1])
@@ -250,6 +261,11 @@ def qproduct(
             f"{None if add is None else tuple(add.shape)}) does not fit a layer of "
             f"{layer.inputs} float32 inputs and {n} outputs (add (..., {n}), contiguous)"
         )
+    if tracing():  # (a program bertlab compiles: nn/compiled.py)
+        w, b, eps = (None, None, 0.0) if norm is None else norm
+        return torch.ops.bertlab.qgemm(x, layer.panels, layer.corr, layer.scale, layer.bias,
+                                       layer.unsmooth, layer.levels, layer.inputs, add,
+                                       bool(gelu), w, b, float(eps))  # fmt: skip
     lnw, lnb, eps = _norm(norm, n, "qproduct")
     x = x.contiguous()
     rows = math.prod(x.shape[:-1])
@@ -443,4 +459,65 @@ def _build_and_load() -> object:
     qgemm.argtypes = [ptr, i64, i64, ptr, i32, ptr, ptr, ptr, i64, ptr, i32, ptr, ptr, ptr, f32,
                       ptr, ptr, ptr, i32]  # fmt: skip
     sgemm.restype, attend.restype, qgemm.restype = None, ctypes.c_int, ctypes.c_int
-    return SimpleNamespace(sgemm=sgemm, attention=attend, qgemm=qgemm)
+    return SimpleNamespace(sgemm=sgemm, attention=attend, qgemm=qgemm, path=built)
+
+
+# ============================================================================ as operators
+OPS_SOURCE = Path(__file__).with_name("avx2_ops.cpp")
+_OPS: list[str | None] = []  # [None: registered] or [why not], once a process
+
+
+def ops() -> str | None:
+    """Build (once a machine) and load (once a process) avx2_ops.cpp: the kernels as the
+    PyTorch operators ``torch.ops.bertlab.sgemm`` and ``torch.ops.bertlab.qgemm``, which a
+    program that bertlab compiles ahead of time calls from C++ (nn/compiled.py). None when they
+    are registered, else why they cannot be (the kernels cannot run, no C++ compiler, PyTorch's
+    headers missing, a failed build: its last lines)."""
+    if not _OPS:
+        _OPS.append(_build_ops())
+    return _OPS[0]
+
+
+def _build_ops() -> str | None:
+    why = load()
+    if why is not None:
+        return why
+    from torch.utils import cpp_extension
+
+    kernels = _kernels().path
+    compiler = shutil.which(os.environ.get("CXX") or "c++")
+    if compiler is None:
+        return "no C++ compiler was found (set CXX, or install one such as g++)"
+    includes = [f"-I{p}" for p in cpp_extension.include_paths()]
+    libraries = cpp_extension.library_paths()
+    abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
+    flags = ["-O2", "-std=c++17", "-fPIC", "-shared", abi, "-w"]
+    key = " ".join((compiler, *flags, str(kernels), torch.__version__)).encode()
+    digest = hashlib.sha256(OPS_SOURCE.read_bytes() + key).hexdigest()[:16]
+    target = kernels.with_name(f"bertlab-avx2-ops-{digest}.so")
+    if not target.exists():
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=target.name, suffix=".tmp")
+        os.close(fd)
+        command = [compiler, *flags, *includes, str(OPS_SOURCE), str(kernels), "-o", tmp,
+                   *(f"-L{p}" for p in libraries), "-lc10", "-ltorch", "-ltorch_cpu"]  # fmt: skip
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0:
+            Path(tmp).unlink(missing_ok=True)
+            tail = (result.stderr or result.stdout).strip().splitlines()[-3:]
+            return f"{compiler} could not build {OPS_SOURCE.name}: " + " / ".join(tail)
+        os.replace(tmp, target)
+    try:
+        torch.ops.load_library(str(target))
+    except (OSError, RuntimeError) as e:
+        return f"{target} could not be loaded ({e})"
+    torch.library.register_fake("bertlab::sgemm")(_sgemm_shape)
+    torch.library.register_fake("bertlab::qgemm")(_qgemm_shape)
+    return None
+
+
+def _sgemm_shape(x, panels, bias, n, add, gelu, lnw, lnb, eps):  # noqa: ANN001, ANN202
+    return x.new_empty(*x.shape[:-1], n)
+
+
+def _qgemm_shape(x, panels, corr, scale, bias, unsmooth, levels, k, add, gelu, lnw, lnb, eps):  # noqa: ANN001, ANN202
+    return x.new_empty(*x.shape[:-1], corr.shape[0])

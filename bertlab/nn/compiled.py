@@ -57,11 +57,20 @@ compiles (``torch.set_num_threads`` before the first call).
 
 Where the compiled program runs depends on the CPU (cpu.py's policy, ``cpu.current().compiled``):
 it was measured faster than the model only on some classes of CPU and in some precisions (on
-AVX2-only CPUs, in float32 on batches of at most 48 positions: ``.max_tokens``), and
-cannot call the u8 int8 kernels (it would compute those products in float32) nor run bfloat16
+AVX2-only CPUs, in float32 and int8 on short batches only: ``.max_tokens``), and cannot call
+PyTorch's u8 int8 kernels (it would compute those products in float32) nor run bfloat16
 natively on a CPU without bfloat16 instructions. In any other precision ``Compiled(model)``
 calls the model itself for every input, says why once (a warning, and ``.why_eager``), and
 needs no compiler.
+
+Where the model's products run on bertlab's own AVX2 kernels (float32 on sgemm-avx2, int8 on
+u8-avx2: avx2.py), the program calls those same kernels: the graph is traced inside
+``aligned_export``, where products.py and precision.py write each product as the operator
+``torch.ops.bertlab.sgemm`` or ``torch.ops.bertlab.qgemm`` (avx2.ops: the C functions behind a
+small C++ library built once with the same compiler), on panels packed in the graph, which
+freezing turns into constants. A short sentence then runs the model's kernels with no Python
+between them. Where that library cannot be built, ``Compiled`` runs the model itself, saying
+why. Exports for other runtimes (ONNX, ``torch.export`` outside bertlab) never contain them.
 
 Compiling needs a C++ compiler (inductor's CPU backend) and Python's C headers;
 ``Compiled.available()`` says which is missing where one is, and ``Compiled(model)`` refuses
@@ -82,7 +91,7 @@ import torch
 from torch import nn
 from torch.export import Dim
 
-from bertlab.nn import cpu
+from bertlab.nn import avx2, cpu
 from bertlab.nn.checks import check_inputs
 from bertlab.nn.packing import aligned_export
 from bertlab.nn.precision import Int8Linear
@@ -111,6 +120,14 @@ SMALL_EXAMPLE = (2, 8)
 INPUTS = frozenset(("input_ids", "attention_mask", "token_type_ids", "position_ids"))
 # the largest share of padded positions at which a batch runs compiled, by the products' precision
 PADDING_LIMIT = {"int8": 0.4, "bfloat16": 0.3, "float32": 0.15}
+
+
+def _on_operators(policy: cpu.Policy, precision: str) -> bool:
+    """The policy runs ``precision``'s products on bertlab's AVX2 kernels, which the program
+    calls as the operators of avx2.ops (built with the program's C++ compiler)."""
+    return (precision == "float32" and policy.float32_kernel == "sgemm-avx2") or (
+        precision == "int8" and policy.int8_kernel == "u8-avx2"
+    )
 
 
 def _precision(model: nn.Module) -> str:
@@ -169,6 +186,13 @@ class Compiled:
             )
         elif (why := self.available()) is not None:
             raise RuntimeError(why)
+        elif _on_operators(policy, self.precision) and (why := avx2.ops()) is not None:
+            self.why_eager = (
+                f"the {self.precision} products run on bertlab's AVX2 kernels, which the program "
+                f"calls as operators, and those cannot be built here: {why}"
+            )
+            warnings.warn(f"Compiled runs the {self.precision} model itself: {self.why_eager}",
+                          stacklevel=2)  # fmt: skip
         self._limit = PADDING_LIMIT.get(self.precision, 0.0)
         # the most positions of a batch the program runs on this CPU (None: any)
         self.max_tokens = policy.compiled_tokens.get(self.precision)
@@ -251,6 +275,7 @@ class Compiled:
             warnings.simplefilter("ignore", FutureWarning)  # (export's notes on its own API)
             # inductor's timing of its choices reads a deprecated storage API (its own code)
             warnings.filterwarnings("ignore", "TypedStorage is deprecated", UserWarning)
+            cpu.current()  # (read before the trace: features read inside it lack oneDNN)
             program = torch.export.export(self.model, (), example, dynamic_shapes=dims)
             package = str(Path(folder) / "program.pt2")
             aoti_compile_and_package(program, package_path=package, inductor_configs=self._options)

@@ -73,13 +73,14 @@ instruction; what was measured where, natively or on a simulation: docs/performa
   any product runs (never an illegal instruction).
 * **Compiled** (compiled.py) runs its program only in the precisions of ``COMPILED`` for the
   class: those where it was measured faster than the model (amx and avx512-bf16: float32,
-  bfloat16 and int8 on onednn-s8; avx2: float32 on batches of at most 48 positions, rows times
-  length, ``COMPILED_TOKENS``, where it saves the Python between short products and loses on
-  larger ones; at most 8 where the model's float32 products run on sgemm-avx2, which the
-  program does not call: ``COMPILED_TOKENS_SGEMM``). Elsewhere (int8 on the u8 kernels, which a
-  compiled program cannot call; bfloat16 without bfloat16 instructions; every precision on
-  classes where it was measured no faster, or not measured) ``Compiled`` calls the model
-  itself, and says why (``Policy.not_compiled``).
+  bfloat16 and int8 on onednn-s8; avx2: float32 and int8 on short inputs only, at most
+  ``COMPILED_TOKENS`` positions, rows times length, where it saves the Python between short
+  products and loses on larger ones). Where the model's products run on bertlab's AVX2 kernels
+  (float32 on sgemm-avx2, int8 on u8-avx2) the program calls the same kernels, as operators
+  built beside them (avx2.ops), and its cap is ``COMPILED_TOKENS_AVX2``. Elsewhere (int8 on
+  PyTorch's u8 kernels, which a compiled program cannot call; bfloat16 without bfloat16
+  instructions; every precision on classes where it was measured no faster, or not measured)
+  ``Compiled`` calls the model itself, and says why (``Policy.not_compiled``).
 
 Limits. The math libraries each take a limit on the instruction sets they use:
 ``ONEDNN_MAX_CPU_ISA`` (oneDNN), ``ATEN_CPU_CAPABILITY`` (PyTorch's own kernels and
@@ -311,7 +312,7 @@ NO_BF16 = "this CPU has no bfloat16 instructions (AVX512-BF16 or AMX) for oneDNN
 COMPILED = {
     "amx": ("float32", "bfloat16", "int8"),  # Sapphire Rapids Xeon
     "avx512-bf16": ("float32", "bfloat16", "int8"),  # EPYC Zen 4
-    "avx2": ("float32",),  # EPYC Zen 3: short inputs only (COMPILED_TOKENS)
+    "avx2": ("float32", "int8"),  # EPYC Zen 3: short inputs only (COMPILED_TOKENS*)
 }
 # where the program wins only on short inputs: the most positions (rows x length) of a batch it
 # runs, by class and precision; larger batches run the model. On the AVX2 EPYC the program took
@@ -319,10 +320,23 @@ COMPILED = {
 # (benchmarks/compiled-sizes-epyc-avx2.txt): the same oneDNN products with less Python between
 # them, which counts only while the products are small
 COMPILED_TOKENS = {"avx2": {"float32": 48}}
-# the same where the model's float32 products run on sgemm-avx2: the program (on oneDNN's
-# products) took 0.82x the model's time at 8 positions, 0.97-1.00x from 16 to 32 and 1.09-1.35x
-# from 48 up (benchmarks/compiled-sizes-epyc-avx2.txt, its sgemm-avx2 run)
-COMPILED_TOKENS_SGEMM = {"avx2": {"float32": 8}}
+# the same where the model's products run on bertlab's AVX2 kernels (float32 on sgemm-avx2, int8
+# on u8-avx2), which the program calls too, as operators (avx2.ops), without the Python between
+# them: on the AVX2 EPYC it took 0.62-0.94x the model's time in float32 and 0.52-0.93x in int8
+# from 8 to 128 positions, 1.07x and 0.99x at 256 (benchmarks/compiled-sizes-epyc-avx2.txt)
+COMPILED_TOKENS_AVX2 = {"avx2": {"float32": 128, "int8": 128}}
+
+
+def _compiled_tokens(
+    cls: str, compiled: frozenset[str], float32_kernel: str | None, int8_kernel: str | None
+) -> dict[str, int]:
+    """The most positions a batch of each compiled precision may have (module docstring)."""
+    caps = dict(COMPILED_TOKENS.get(cls, {}))
+    on_avx2 = {"float32": float32_kernel == "sgemm-avx2", "int8": int8_kernel == "u8-avx2"}
+    for precision, cap in COMPILED_TOKENS_AVX2.get(cls, {}).items():
+        if on_avx2[precision]:
+            caps[precision] = cap
+    return {k: v for k, v in caps.items() if k in compiled}
 
 
 @dataclass(frozen=True)
@@ -519,7 +533,12 @@ def policy(f: Features, environ: dict[str, str] | os._Environ | None = None) -> 
         not_compiled["bfloat16"] = f"bfloat16 products run in float32 here ({bf16_why})"
     if kernel is None:
         not_compiled["int8"] = f"int8 does not run here ({int8_why})"
-    elif kernel != "onednn-s8":
+    elif kernel == "u8-avx2" and cls not in COMPILED_TOKENS_AVX2:
+        not_compiled["int8"] = (
+            f"the compiled program calling the u8-avx2 kernel was measured only on the "
+            f"{', '.join(COMPILED_TOKENS_AVX2)} class, not on this one ({cls})"
+        )
+    elif kernel not in ("onednn-s8", "u8-avx2"):
         not_compiled["int8"] = (
             f"the int8 products run on the {kernel} kernel, which a compiled program cannot "
             "call (it would compute them in float32)"
@@ -546,13 +565,7 @@ def policy(f: Features, environ: dict[str, str] | os._Environ | None = None) -> 
         bf16_why=bf16_why,
         products=products,
         compiled=compiled,
-        compiled_tokens={
-            k: v
-            for k, v in (COMPILED_TOKENS_SGEMM if sgemm_kernel == "sgemm-avx2" else COMPILED_TOKENS)
-            .get(cls, {})
-            .items()
-            if k in compiled
-        },
+        compiled_tokens=_compiled_tokens(cls, compiled, sgemm_kernel, kernel),
         not_compiled=not_compiled,
         few_rows=few_rows,
         few_rows_why=few_rows_why,

@@ -61,6 +61,12 @@ def aligned_export() -> Iterator[None]:
         _ALIGNED.reset(token)
 
 
+def own_program() -> bool:
+    """True while a program that bertlab compiles itself is exported (inside ``aligned_export``):
+    it may call bertlab's own operators (avx2.ops), which no other runtime has."""
+    return exporting() and _ALIGNED.get()  # (torch.export only: dynamo cannot read it)
+
+
 def tracing() -> bool:
     """True while torch.compile, torch.export, ONNX export or torch.jit traces the model: then
     nothing may depend on the values in a tensor (data-dependent checks are skipped, a packed

@@ -54,7 +54,7 @@ import torch
 from torch import nn
 
 from bertlab.nn import avx2, cpu
-from bertlab.nn.packing import tracing
+from bertlab.nn.packing import own_program, tracing
 
 HIGHER_PRECISION = (
     "embeddings (word, position, segment) and their sum",
@@ -239,17 +239,22 @@ def int8_weight(layers: tuple[Int8Linear, ...]) -> tuple[Int8Weight, torch.Tenso
     kernel = int8_kernel()
     first = layers[0]
     traced = tracing()
-    # torch._int_mm computes on the int8 weight itself: in a traced graph, and for onednn-s8
-    # where the policy prepacks nothing (cpu.py)
-    unpacked = traced or (kernel == "onednn-s8" and not policy.int8_prepacked)
+    # a program bertlab compiles calls u8-avx2 as its operator, on panels packed in the graph
+    # (constants there, folded as it compiles)
+    operator = traced and kernel == "u8-avx2" and own_program() and avx2.ops() is None
+    # torch._int_mm computes on the int8 weight itself: in another traced graph, and for
+    # onednn-s8 where the policy prepacks nothing (cpu.py)
+    unpacked = (traced and not operator) or (kernel == "onednn-s8" and not policy.int8_prepacked)
     if len(layers) == 1 and unpacked:  # nothing to stack or pack
         w = Int8Weight(first.weight_int8.t(), first.weight_scale, first.unsmooth, None, kernel,
                        policy.int8_levels)  # fmt: skip
         return w, first.bias
-    try:
-        stamp = _stamp(layers)
-    except RuntimeError:  # inference tensors keep no version counter
-        stamp = None
+    stamp = None
+    if not traced:  # (a traced graph's tensors have no memory to stamp)
+        try:
+            stamp = _stamp(layers)
+        except RuntimeError:  # inference tensors keep no version counter
+            pass
     ids = tuple(map(id, layers))
     cached = None if traced or stamp is None else _PACKED.get(first)
     if cached is not None and cached[:3] == (ids, kernel, stamp):

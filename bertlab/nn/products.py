@@ -74,7 +74,7 @@ from torch import nn
 
 from bertlab.nn import avx2, cpu
 from bertlab.nn.activations import ACTIVATIONS, activation_of
-from bertlab.nn.packing import round_rows, tracing
+from bertlab.nn.packing import own_program, round_rows, tracing
 from bertlab.nn.precision import Int8Linear, int8_product, int8_weight
 
 try:  # oneDNN's fused linear (the operator torch.compile uses for the same fusion on CPU)
@@ -148,10 +148,17 @@ def route(layer: nn.Module, x: torch.Tensor, dropout: nn.Module | None = None) -
         and (way := cpu.current().products.get(x.dtype)) is not None
         and layer._parameters["weight"].dtype == x.dtype
         and PLAIN not in layer.__dict__
-        and not tracing()
+        and (not tracing() or (way == "onednn" and _operator(x.dtype)))
     ):
         return way
     return "module"
+
+
+def _operator(dtype: torch.dtype) -> bool:
+    """While a program that bertlab compiles itself is traced (packing.own_program), float32
+    products on sgemm-avx2 stay on it, as the operator ``torch.ops.bertlab.sgemm`` (avx2.ops)
+    where it could be built; anything else is traced as the module."""
+    return dtype == torch.float32 and own_program() and _sgemm_here() and avx2.ops() is None
 
 
 def plain(model: nn.Module, enabled: bool) -> None:
@@ -487,6 +494,8 @@ def packed(
     layer whose gradient is recorded. Inference tensors keep no version: theirs are made on
     every call, unpacked (the same numbers up to rounding, a little slower)."""
     dtype = layers[0].weight.dtype if dtype is None else dtype
+    if tracing():  # (for an operator of a compiled program: packed in its graph, not cached)
+        return _stack(layers, dtype, kernel)
     try:
         stamp = _stamp(layers)
     except RuntimeError:  # an inference tensor has no version counter

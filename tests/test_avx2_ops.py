@@ -1,0 +1,136 @@
+"""bertlab's AVX2 kernels as PyTorch operators (avx2.ops, avx2_ops.cpp): the form in which a
+program that bertlab compiles itself (nn/compiled.py) calls them from C++. Each operator gives
+its ctypes call's bits; bad arguments are refused by name; the graph traced for bertlab's own
+program calls them where the policy's products run on the kernels, and no other traced graph
+does (exports for other runtimes keep the plain equation); and where they cannot be built,
+Compiled runs the model itself, saying why."""
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import small_encoder
+
+from bertlab.nn import avx2, cpu, precision, products
+from bertlab.nn.compiled import Compiled
+from bertlab.nn.packing import aligned_export
+from bertlab.nn.precision import quantize_int8
+
+
+@pytest.fixture(scope="module")
+def built():
+    """The operators, built (once a machine: seconds) when the first test needs them, not while
+    the suite is collected; a test skips, saying why, where they cannot be."""
+    why = avx2.ops()
+    if why is not None:
+        pytest.skip(f"the operators cannot be built: {why}")
+
+
+needs_ops = pytest.mark.usefixtures("built")
+
+
+def on_kernels(monkeypatch):
+    """The policy of AMD's avx2 class: float32 on sgemm-avx2, int8 on u8-avx2."""
+    policy = dataclasses.replace(
+        cpu.current(), float32_kernel="sgemm-avx2", few_rows="onednn", int8_kernel="u8-avx2",
+        int8_levels=63, float32_kernel_why="test", int8_why="test",
+    )  # fmt: skip
+    monkeypatch.setattr(cpu, "_CURRENT", [policy])
+    monkeypatch.setattr(products, "_SGEMM", [])
+    monkeypatch.setattr(precision, "_KERNEL", [])
+
+
+@needs_ops
+@pytest.mark.parametrize("shape", [(21, 384), (2, 5, 64), (1, 8)])
+def test_each_operator_gives_its_kernels_bits(shape):
+    g = torch.Generator().manual_seed(0)
+    k, n = shape[-1], 48
+    x = torch.randn(*shape, generator=g)
+    w = torch.randn(n, k, generator=g) / k**0.5
+    b, add = torch.randn(n, generator=g), torch.randn(*shape[:-1], n, generator=g)
+    norm = avx2.Norm(torch.rand(n, generator=g) + 0.5, torch.randn(n, generator=g), 1e-12)
+    panels = avx2.pack(w)
+    layer = avx2.pack_int8(torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8),
+                           torch.rand(n, generator=g) / 100, b, 63,
+                           torch.rand(k, generator=g) + 0.5)  # fmt: skip
+    sgemm, qgemm = torch.ops.bertlab.sgemm, torch.ops.bertlab.qgemm
+    for plus, gelu, ln in [(None, False, None), (add, False, norm), (None, True, None),
+                           (None, True, norm), (add, False, None)]:  # fmt: skip
+        lnw, lnb, eps = (None, None, 0.0) if ln is None else ln
+        want = avx2.product(x, panels, b, n, plus, gelu, ln)
+        assert torch.equal(sgemm(x, panels, b, n, plus, gelu, lnw, lnb, eps), want)
+        want = avx2.qproduct(x, layer, plus, gelu, ln)
+        got = qgemm(x, layer.panels, layer.corr, layer.scale, layer.bias, layer.unsmooth,
+                    layer.levels, layer.inputs, plus, gelu, lnw, lnb, eps)  # fmt: skip
+        assert torch.equal(got, want) and got.shape == (*shape[:-1], n)
+
+
+@needs_ops
+def test_bad_arguments_are_refused_by_name():
+    x, w = torch.randn(3, 32), torch.randn(40, 32)
+    panels = avx2.pack(w)
+    bad = r"bertlab::sgemm: panels \[3, 32, 16\] do not fit "
+    with pytest.raises(RuntimeError, match=bad + "16 inputs and 40 outputs"):
+        torch.ops.bertlab.sgemm(x[:, :16], panels, None, 40, None, False, None, None, 0.0)
+    with pytest.raises(RuntimeError, match=bad + "32 inputs and 64 outputs"):
+        torch.ops.bertlab.sgemm(x, panels, None, 64, None, False, None, None, 0.0)
+    with pytest.raises(RuntimeError, match=r"bertlab::sgemm: input \[3, 32\] Double does not fit"):
+        torch.ops.bertlab.sgemm(x.double(), panels, None, 40, None, False, None, None, 0.0)
+    with pytest.raises(RuntimeError, match="bias must be contiguous, of 40 values of Float"):
+        torch.ops.bertlab.sgemm(x, panels, torch.zeros(39), 40, None, False, None, None, 0.0)
+    layer = avx2.pack_int8(torch.zeros(40, 32, dtype=torch.int8), torch.ones(40), None, 63)
+    with pytest.raises(RuntimeError, match="bertlab::qgemm: levels 64 outside 1..63"):
+        torch.ops.bertlab.qgemm(x, layer.panels, layer.corr, layer.scale, None, None, 64, 32,
+                                None, False, None, None, 0.0)  # fmt: skip
+
+
+def _operators(program: torch.export.ExportedProgram) -> list[str]:
+    return [str(node.target) for node in program.graph.nodes if "bertlab" in str(node.target)]
+
+
+@needs_ops
+def test_bertlabs_own_program_calls_them_and_other_exports_do_not(monkeypatch):
+    """Traced for bertlab's own program (inside aligned_export), each layer's four float32
+    products are sgemm operators (query, key and value as one), the residual sums, GELU and
+    layer norms inside them; the graph run gives the eager model's numbers. A plain export (for
+    ONNX and other runtimes) has none. The int8 model's products become qgemm operators."""
+    on_kernels(monkeypatch)
+    model, ids, mask = small_encoder(torch.float32, kernel="sdpa")
+    ids, mask = ids[1:], mask[1:]  # (the rows without padding)
+    with torch.inference_mode():
+        want = model(ids, mask).last_hidden_state
+    with aligned_export(), torch.no_grad():  # (as Compiled builds it: no gradient)
+        program = torch.export.export(model, (ids, mask))
+    assert _operators(program) == ["bertlab.sgemm.default"] * 4 * 3
+    with torch.inference_mode():
+        got = program.module()(ids, mask).last_hidden_state
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        assert _operators(torch.export.export(model, (ids, mask))) == []
+    q = quantize_int8(model)
+    with torch.inference_mode():
+        want = q(ids, mask).last_hidden_state
+    with aligned_export(), torch.no_grad():
+        program = torch.export.export(q, (ids, mask))
+    assert _operators(program) == ["bertlab.qgemm.default"] * (4 * 3 + 1)
+    with torch.inference_mode():
+        got = program.module()(ids, mask).last_hidden_state
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)  # (the same kernel, the same bits)
+    with torch.no_grad():
+        assert _operators(torch.export.export(q, (ids, mask))) == []
+
+
+def test_without_the_operators_compiled_runs_the_model_saying_why(monkeypatch):
+    on_kernels(monkeypatch)
+    monkeypatch.setattr(avx2, "_OPS", ["no C++ compiler was found (set CXX, or install one)"])
+    monkeypatch.setattr(Compiled, "available", staticmethod(lambda: None))
+    model, ids, mask = small_encoder(torch.float32)
+    with pytest.warns(UserWarning, match="Compiled runs the float32 model itself: the float32 "
+                                         "products run on bertlab's AVX2 kernels"):  # fmt: skip
+        fast = Compiled(model)
+    assert "no C++ compiler was found" in fast.why_eager
+    with torch.inference_mode():
+        out = fast(input_ids=ids[1:2, :8]).last_hidden_state
+    assert fast.calls == {"compiled": 0, "eager": 1} and out.shape == (1, 8, 64)
+    assert F.cosine_similarity(out, model(input_ids=ids[1:2, :8]).last_hidden_state).min() > 0.99
