@@ -75,7 +75,7 @@ from typing import Any, NamedTuple
 import torch
 
 from bertlab.nn import cpu
-from bertlab.nn.packing import tracing
+from bertlab.nn.packing import own_program, tracing
 
 PANEL = 16  # output columns a panel holds (two AVX2 registers of 8 floats)
 SOURCES = tuple(
@@ -410,6 +410,23 @@ def _cache_dirs() -> Iterator[Path]:
         return
 
 
+def _compile(command: list[str], target: Path, sources: tuple[Path, ...]) -> str | None:
+    """Run a compiler's ``command`` (without its output) into a temporary name beside
+    ``target``, renamed to it once whole, so processes that build it at once never load half a
+    file: None, or why it failed (the compiler's last lines). OSError where the folder cannot be
+    written."""
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=target.name, suffix=".tmp")
+    os.close(fd)
+    result = subprocess.run([*command, "-o", tmp], capture_output=True, text=True)
+    if result.returncode != 0:
+        Path(tmp).unlink(missing_ok=True)
+        tail = (result.stderr or result.stdout).strip().splitlines()[-3:]
+        names = ", ".join(source.name for source in sources)
+        return f"{command[0]} could not build {names}: " + " / ".join(tail)
+    os.replace(tmp, target)
+    return None
+
+
 def _build_and_load() -> object:
     """The loaded library's functions, or why they could not be built or loaded (a string)."""
     compiler = _compiler()
@@ -423,20 +440,12 @@ def _build_and_load() -> object:
             break
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=folder, prefix=target.name, suffix=".tmp")
-            os.close(fd)
+            failed = _compile([compiler, *FLAGS, *map(str, SOURCES)], target, SOURCES)
         except OSError as e:
             why = f"{folder} cannot be written ({e})"
             continue
-        result = subprocess.run(
-            [compiler, *FLAGS, *map(str, SOURCES), "-o", tmp], capture_output=True, text=True
-        )
-        if result.returncode != 0:
-            Path(tmp).unlink(missing_ok=True)
-            tail = (result.stderr or result.stdout).strip().splitlines()[-3:]
-            names = ", ".join(source.name for source in SOURCES)
-            return f"{compiler} could not build {names}: " + " / ".join(tail)
-        os.replace(tmp, target)
+        if failed is not None:
+            return failed
         built = target
         break
     if built is None:
@@ -495,17 +504,15 @@ def _build_ops() -> str | None:
     key = " ".join((compiler, *flags, str(kernels), torch.__version__)).encode()
     digest = hashlib.sha256(OPS_SOURCE.read_bytes() + key).hexdigest()[:16]
     target = kernels.with_name(f"bertlab-avx2-ops-{digest}.so")
-    if not target.exists():
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=target.name, suffix=".tmp")
-        os.close(fd)
-        command = [compiler, *flags, *includes, str(OPS_SOURCE), str(kernels), "-o", tmp,
+    if not target.exists():  # (the kernels' folder: written when they were built)
+        command = [compiler, *flags, *includes, str(OPS_SOURCE), str(kernels),
                    *(f"-L{p}" for p in libraries), "-lc10", "-ltorch", "-ltorch_cpu"]  # fmt: skip
-        result = subprocess.run(command, capture_output=True, text=True)
-        if result.returncode != 0:
-            Path(tmp).unlink(missing_ok=True)
-            tail = (result.stderr or result.stdout).strip().splitlines()[-3:]
-            return f"{compiler} could not build {OPS_SOURCE.name}: " + " / ".join(tail)
-        os.replace(tmp, target)
+        try:
+            failed = _compile(command, target, (OPS_SOURCE,))
+        except OSError as e:
+            return f"{target.parent} cannot be written ({e})"
+        if failed is not None:
+            return failed
     try:
         torch.ops.load_library(str(target))
     except (OSError, RuntimeError) as e:
@@ -513,6 +520,12 @@ def _build_ops() -> str | None:
     torch.library.register_fake("bertlab::sgemm")(_sgemm_shape)
     torch.library.register_fake("bertlab::qgemm")(_qgemm_shape)
     return None
+
+
+def traced_as_operators() -> bool:
+    """A program that bertlab compiles itself is being traced (packing.own_program) and the
+    operators are registered: the kernels' calls go into its graph as those operators."""
+    return own_program() and ops() is None
 
 
 def _sgemm_shape(x, panels, bias, n, add, gelu, lnw, lnb, eps):  # noqa: ANN001, ANN202

@@ -122,14 +122,6 @@ INPUTS = frozenset(("input_ids", "attention_mask", "token_type_ids", "position_i
 PADDING_LIMIT = {"int8": 0.4, "bfloat16": 0.3, "float32": 0.15}
 
 
-def _on_operators(policy: cpu.Policy, precision: str) -> bool:
-    """The policy runs ``precision``'s products on bertlab's AVX2 kernels, which the program
-    calls as the operators of avx2.ops (built with the program's C++ compiler)."""
-    return (precision == "float32" and policy.float32_kernel == "sgemm-avx2") or (
-        precision == "int8" and policy.int8_kernel == "u8-avx2"
-    )
-
-
 def _precision(model: nn.Module) -> str:
     """The precision of the model's products: "int8" (quantize_int8's layers, also in a part of
     a quantized model such as its encoder), else its weights' dtype."""
@@ -186,7 +178,7 @@ class Compiled:
             )
         elif (why := self.available()) is not None:
             raise RuntimeError(why)
-        elif _on_operators(policy, self.precision) and (why := avx2.ops()) is not None:
+        elif policy.on_avx2_kernels(self.precision) and (why := avx2.ops()) is not None:
             self.why_eager = (
                 f"the {self.precision} products run on bertlab's AVX2 kernels, which the program "
                 f"calls as operators, and those cannot be built here: {why}"

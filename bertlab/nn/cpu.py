@@ -327,14 +327,21 @@ COMPILED_TOKENS = {"avx2": {"float32": 48}}
 COMPILED_TOKENS_AVX2 = {"avx2": {"float32": 128, "int8": 128}}
 
 
+def _on_avx2_kernels(precision: str, float32_kernel: str | None, int8_kernel: str | None) -> bool:
+    """``precision``'s products run on bertlab's AVX2 kernels (float32 on sgemm-avx2, int8 on
+    u8-avx2), which a compiled program calls as operators (avx2.ops)."""
+    return (precision == "float32" and float32_kernel == "sgemm-avx2") or (
+        precision == "int8" and int8_kernel == "u8-avx2"
+    )
+
+
 def _compiled_tokens(
     cls: str, compiled: frozenset[str], float32_kernel: str | None, int8_kernel: str | None
 ) -> dict[str, int]:
     """The most positions a batch of each compiled precision may have (module docstring)."""
     caps = dict(COMPILED_TOKENS.get(cls, {}))
-    on_avx2 = {"float32": float32_kernel == "sgemm-avx2", "int8": int8_kernel == "u8-avx2"}
     for precision, cap in COMPILED_TOKENS_AVX2.get(cls, {}).items():
-        if on_avx2[precision]:
+        if _on_avx2_kernels(precision, float32_kernel, int8_kernel):
             caps[precision] = cap
     return {k: v for k, v in caps.items() if k in compiled}
 
@@ -380,6 +387,10 @@ class Policy:
         """oneDNN's name for the instructions it dispatches to here (None off x86)."""
         level = self.features.level() if self.features.x86 else None
         return None if level is None or not self.features.onednn else ONEDNN_ISA[level]
+
+    def on_avx2_kernels(self, precision: str) -> bool:
+        """``precision``'s products run on bertlab's AVX2 kernels here (``_on_avx2_kernels``)."""
+        return _on_avx2_kernels(precision, self.float32_kernel, self.int8_kernel)
 
     def describe(self) -> dict[str, object]:
         """The class and its choices, as ``bertlab bench runtimes`` records them."""

@@ -54,7 +54,7 @@ import torch
 from torch import nn
 
 from bertlab.nn import avx2, cpu
-from bertlab.nn.packing import own_program, tracing
+from bertlab.nn.packing import tracing
 
 HIGHER_PRECISION = (
     "embeddings (word, position, segment) and their sum",
@@ -241,7 +241,7 @@ def int8_weight(layers: tuple[Int8Linear, ...]) -> tuple[Int8Weight, torch.Tenso
     traced = tracing()
     # a program bertlab compiles calls u8-avx2 as its operator, on panels packed in the graph
     # (constants there, folded as it compiles)
-    operator = traced and kernel == "u8-avx2" and own_program() and avx2.ops() is None
+    operator = traced and kernel == "u8-avx2" and avx2.traced_as_operators()
     # torch._int_mm computes on the int8 weight itself: in another traced graph, and for
     # onednn-s8 where the policy prepacks nothing (cpu.py)
     unpacked = (traced and not operator) or (kernel == "onednn-s8" and not policy.int8_prepacked)

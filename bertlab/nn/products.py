@@ -74,7 +74,7 @@ from torch import nn
 
 from bertlab.nn import avx2, cpu
 from bertlab.nn.activations import ACTIVATIONS, activation_of
-from bertlab.nn.packing import own_program, round_rows, tracing
+from bertlab.nn.packing import round_rows, tracing
 from bertlab.nn.precision import Int8Linear, int8_product, int8_weight
 
 try:  # oneDNN's fused linear (the operator torch.compile uses for the same fusion on CPU)
@@ -158,7 +158,7 @@ def _operator(dtype: torch.dtype) -> bool:
     """While a program that bertlab compiles itself is traced (packing.own_program), float32
     products on sgemm-avx2 stay on it, as the operator ``torch.ops.bertlab.sgemm`` (avx2.ops)
     where it could be built; anything else is traced as the module."""
-    return dtype == torch.float32 and own_program() and _sgemm_here() and avx2.ops() is None
+    return dtype == torch.float32 and _sgemm_here() and avx2.traced_as_operators()
 
 
 def plain(model: nn.Module, enabled: bool) -> None:
