@@ -64,17 +64,17 @@ def test_products_equal_a_float64_reference_at_every_block_and_panel_shape(rows,
 @needs_kernel
 def test_gelu_inside_the_product_is_as_close_to_exact_gelu_as_pytorchs():
     """The kernel's GELU (erfc by a polynomial, avx2_math.h) on every float32 from -12 to 12 in
-    steps of 2.4e-4 and at the extremes, through a product with the identity: within PyTorch's
-    own float32 GELU's distance of the float64 value, plus a unit of the last place."""
+    steps of 2.4e-4 and at the extremes, through a product with the identity: within 1e-6 of the
+    float64 value, plus a unit of the last place. 1e-6 is what PyTorch's own float32 GELU keeps
+    on an AVX2 CPU; its AVX-512 code reaches 1.2e-6, and gives inf at 3e38, so the bar is fixed
+    rather than read from the PyTorch at hand."""
     z = torch.cat([torch.linspace(-12, 12, 100_001), torch.tensor([0.0, -0.0, 1e-30, -1e-30,
                    50.0, -50.0, 1e4, -1e4, 3e38, -3e38])])  # fmt: skip
     rows = torch.cat([z, z.new_zeros(-z.numel() % 16)]).view(-1, 16)
     got = avx2.product(rows, avx2.pack(torch.eye(16)), None, 16, None, True).flatten()[: z.numel()]
     exact = F.gelu(z.double())
-    theirs = (F.gelu(z).double() - exact).abs().max()
-    assert theirs < 1e-6  # (what PyTorch's float32 GELU reaches)
     err = (got.double() - exact).abs()
-    assert (err <= theirs + 1.2e-7 * exact.abs()).all(), z[err.argmax()]
+    assert (err <= 1e-6 + 1.2e-7 * exact.abs()).all(), z[err.argmax()]
     assert torch.isfinite(got).all()
 
 

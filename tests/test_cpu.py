@@ -236,19 +236,29 @@ def test_the_few_rows_kernel_can_be_forced_and_one_that_cannot_run_is_refused_by
 
 
 @pytest.mark.parametrize("cls", list(CLASSES))
-def test_the_float32_kernel_is_sgemm_on_amds_avx2_cpus_and_onednn_elsewhere(cls):
-    """bertlab's AVX2 kernel where it was measured faster (AMD, class avx2), oneDNN on the
-    other classes that take oneDNN's route (saying why), none where float32 takes PyTorch's
-    own kernels; Compiled's float32 cap follows (its program calls the kernel as an operator,
-    and so wins on larger batches)."""
-    for vendor in ("AuthenticAMD", "GenuineIntel", ""):
-        p = cpu.policy(replace(CLASSES[cls][0], vendor=vendor), environ={})
+def test_the_float32_kernel_is_sgemm_on_amds_avx2_and_zen4_cpus_and_onednn_elsewhere(cls):
+    """bertlab's AVX2 kernel where it was measured faster (AMD: the avx2 class, and family 25's
+    AVX-512 CPUs, Zen 4, whose 512-bit instructions run as two halves), oneDNN on the other
+    classes that take oneDNN's route (saying why), none where float32 takes PyTorch's own
+    kernels; Compiled's float32 cap follows (its program calls the kernel as an operator, and so
+    wins on larger batches)."""
+    for vendor, family in (("AuthenticAMD", 25), ("AuthenticAMD", 26), ("AuthenticAMD", None),
+                           ("GenuineIntel", 6), ("", None)):  # fmt: skip
+        p = cpu.policy(replace(CLASSES[cls][0], vendor=vendor, family=family), environ={})
         described = p.describe()
         assert described["float32_kernel"] == p.float32_kernel and p.float32_kernel_why
+        zen4 = vendor == "AuthenticAMD" and family == 25 and cls.startswith(("avx512", "amx"))
+        assert cpu.half_width_avx512(p.features) == zen4
         if p.products.get(F32) != "onednn":
             assert p.float32_kernel is None and "PyTorch's own kernels" in p.float32_kernel_why
         elif cls == "avx2" and vendor == "AuthenticAMD":
             assert p.float32_kernel == "sgemm-avx2" and p.compiled_tokens["float32"] == 128
+        elif zen4:
+            assert p.float32_kernel == "sgemm-avx2" and "Zen 4" in p.float32_kernel_why
+            # the cap measured on the Zen 4 (compiled-sizes-epyc-avx512.txt), where float32 runs
+            # compiled at all
+            cap = {"float32": 128} if cls == "avx512-bf16" else {}
+            assert {k: v for k, v in p.compiled_tokens.items() if k == "float32"} == cap
         else:
             assert p.float32_kernel == "onednn"
             assert (vendor or "unknown vendor") in p.float32_kernel_why or cls != "avx2"
@@ -344,12 +354,11 @@ def test_features_are_read_from_the_environment(monkeypatch):
         assert not f.flags & {"avx512_f", "avx_vnni", "amx_int8"}
     assert f.arch == platform.machine().lower()
     cpuinfo = Path("/proc/cpuinfo")
-    vendors = [
-        line.partition(":")[2].strip()
-        for line in (cpuinfo.read_text().splitlines() if cpuinfo.is_file() else [])
-        if line.startswith("vendor_id")
-    ]
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []
+    vendors = [line.partition(":")[2].strip() for line in lines if line.startswith("vendor_id")]
     assert f.vendor == (vendors[0] if vendors else "")
+    families = [int(line.partition(":")[2]) for line in lines if line.startswith("cpu family")]
+    assert f.family == (families[0] if families else None)
     assert f.mkl == (torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear"))
 
 

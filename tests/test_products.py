@@ -279,8 +279,13 @@ def test_no_spare_rows_where_the_products_run_on_sgemm(dtype, monkeypatch):
     """sgemm-avx2 builds nothing per shape, so a packed batch runs its own rows only (a spare
     row would be arithmetic for nothing), in float32 and in bfloat16's float32 route: the
     products' inputs and the layer norms' (in float32 each layer's two run inside the
-    products, the embeddings' as its module)."""
+    products, the embeddings' as its module). bfloat16's float32 route is set where this CPU
+    computes bfloat16 natively."""
     few_rows_on(monkeypatch, "sgemm-avx2")
+    if dtype == torch.bfloat16:
+        policy = cpu.current()
+        products_ = {**policy.products, torch.bfloat16: "float32"}
+        monkeypatch.setattr(cpu, "_CURRENT", [dataclasses.replace(policy, products=products_)])
     calls = spy_sgemm(monkeypatch)
     model, ids, mask = _ffn_model(dtype)
     seen = []

@@ -13,12 +13,12 @@ in float32 and in int8, and the attention of short sequences.
     why_not()                                 why they cannot run in this process (None: they can)
 
 Where ``cpu.current().float32_kernel`` is ``"sgemm-avx2"`` (the avx2 class of AMD CPUs, EPYC Zen
-2 and 3, where oneDNN's float32 products and PyTorch's attention kernel ran slower than these:
-docs/performance.md), products.py sends every float32 product to ``product`` and attention.py's
-packed kernel sends inference batches whose sequences are at most ATTENTION_TOKENS long to
-``attention``. Where precision.py's int8 kernel is ``"u8-avx2"`` (chosen on the same CPUs:
-cpu.py), an int8 model's products run on ``qproduct``. The kernels are C, beside this file, each
-read in a sitting:
+2 and 3, and AMD's Zen 4, whose AVX-512 runs on 256-bit halves, where oneDNN's float32 products
+and PyTorch's attention kernel ran slower than these: docs/performance.md), products.py sends
+every float32 product to ``product`` and attention.py's packed kernel sends inference batches
+whose sequences are at most ATTENTION_TOKENS long to ``attention``. Where precision.py's int8
+kernel is ``"u8-avx2"`` (chosen on AMD's AVX2 CPUs: cpu.py), an int8 model's products run on
+``qproduct``. The kernels are C, beside this file, each read in a sitting:
 
 * sgemm_avx2.c: one loop of AVX2 fused multiply-adds over 6 rows x 16 columns. It sums each
   output's terms in order, then adds the bias, so its results differ from oneDNN's and PyTorch's

@@ -11,7 +11,7 @@ instruction; what was measured where, natively or on a simulation: docs/performa
 
     class        CPUs                           products: float32 | bfloat16   int8 kernel
     amx          Xeon 4th generation and later  oneDNN | oneDNN (AMX)          onednn-s8 (AMX)
-    avx512-bf16  EPYC Zen 4 and 5, Cooper Lake  oneDNN | oneDNN                onednn-s8 (VNNI)
+    avx512-bf16  EPYC Zen 4 and 5, Cooper Lake  oneDNN† | oneDNN               onednn-s8 (VNNI)
     avx512-vnni  Cascade Lake, Ice Lake         oneDNN | in float32            onednn-s8 (VNNI)
     avx512       Skylake-SP                     oneDNN | in float32            fbgemm-u8, 7 bits
     avx2-vnni    Alder Lake and later clients   oneDNN | in float32            onednn-u8, 8 bits
@@ -29,12 +29,16 @@ instruction; what was measured where, natively or on a simulation: docs/performa
   refused: it runs, and warns once a process that its products run in float32.
   "PyTorch's": the module route, PyTorch's own kernels (on Arm, its NEON/SVE ones).
   "sgemm*": on AMD CPUs of the class, bertlab's own AVX2 kernel (below); on Intel's, oneDNN.
+  "oneDNN†": on AMD's Zen 4 (family 25), bertlab's own AVX2 kernel too (below).
   "u8-avx2*": on AMD CPUs of the class, bertlab's own int8 kernel (below); on Intel's, fbgemm-u8.
 * **float32 kernel** (``Policy.float32_kernel``): the oneDNN route's float32 products (and a
   bfloat16 model's, computed in float32) run on ``sgemm-avx2``, bertlab's AVX2 kernel
   (avx2.py, sgemm_avx2.c), on AMD CPUs of the avx2 class, where oneDNN's took 1.4x its time at
-  batch 1 (docs/performance.md), and on oneDNN everywhere else: the AVX-512 and AMX classes have
-  wider kernels in oneDNN, and Intel's AVX2 CPUs were not measured with it. The kernel is
+  batch 1, and on AMD's AVX-512 CPUs of family 25 (Zen 4: ``half_width_avx512``), which run
+  each 512-bit instruction as two 256-bit halves, so oneDNN's AVX-512 kernels multiply no
+  faster, and took 1.19x its time at batch 1 and 1.07x on sorted batches (docs/performance.md).
+  Everywhere else oneDNN's: Intel's AVX-512 and AMX CPUs, and Zen 5, have full-width units for
+  oneDNN's wider kernels, and Intel's AVX2 CPUs were not measured with it. The kernel is
   compiled at its first product; where it cannot be (no C compiler), products.py warns once
   and the products stay on oneDNN. ``BERTLAB_FLOAT32_KERNEL`` (``auto``, ``sgemm-avx2`` or
   ``onednn``) forces one; one that cannot run here is refused by name.
@@ -169,6 +173,7 @@ class Features:
     int_mm: bool = True  # this PyTorch has torch._int_mm
     vendor: str = ""  # "GenuineIntel", "AuthenticAMD", ... ("" where not read)
     mkl: bool = True  # this PyTorch has MKL's packed float32 product (torch.ops.mkl._mkl_linear)
+    family: int | None = None  # the x86 CPU family (/proc/cpuinfo's "cpu family"; None: not read)
 
     @property
     def x86(self) -> bool:
@@ -199,9 +204,10 @@ PROC_NAMES = {
 }
 
 
-def _hardware_flags() -> tuple[str, frozenset[str], str]:
-    """(model name, instruction sets, vendor) from PyTorch's cpuinfo, else /proc/cpuinfo."""
-    model, flags, vendor = platform.processor() or "unknown", set(), ""
+def _hardware_flags() -> tuple[str, frozenset[str], str, int | None]:
+    """(model name, instruction sets, vendor, family) from PyTorch's cpuinfo, else
+    /proc/cpuinfo."""
+    model, flags, vendor, family = platform.processor() or "unknown", set(), "", None
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             key, _, value = line.partition(":")
@@ -210,6 +216,8 @@ def _hardware_flags() -> tuple[str, frozenset[str], str]:
                 model = value.strip()
             elif key == "vendor_id" and not vendor:
                 vendor = value.strip()
+            elif key == "cpu family" and family is None and value.strip().isdigit():
+                family = int(value)
             elif key in ("flags", "Features") and not flags:
                 flags = {PROC_NAMES.get(n, n) for n in value.split()}
     except OSError:
@@ -224,7 +232,7 @@ def _hardware_flags() -> tuple[str, frozenset[str], str]:
             flags = {k for k, v in found.items() if v is True} | (flags & ARM_FLAGS)
             if model == "unknown" and isinstance(found.get("cpu_name"), str):
                 model = found["cpu_name"]
-    return model, frozenset(flags & (X86_FLAGS | ARM_FLAGS)), vendor
+    return model, frozenset(flags & (X86_FLAGS | ARM_FLAGS)), vendor, family
 
 
 def _limits(environ: dict[str, str] | os._Environ) -> tuple[tuple[str, ...], frozenset[str]]:
@@ -264,7 +272,7 @@ _FEATURES: list[Features] = []
 
 def read_features() -> Features:
     """This CPU's features as the libraries see them now (``features`` keeps them)."""
-    model, flags, vendor = _hardware_flags()
+    model, flags, vendor, family = _hardware_flags()
     arch = platform.machine().lower()
     limits, allowed = _limits(os.environ)
     if arch in ("x86_64", "amd64"):
@@ -283,6 +291,7 @@ def read_features() -> Features:
         int_mm=hasattr(torch, "_int_mm"),
         vendor=vendor,
         mkl=torch.backends.mkl.is_available() and _has_op("mkl", "_mkl_linear"),
+        family=family,
     )
 
 
@@ -323,8 +332,10 @@ COMPILED_TOKENS = {"avx2": {"float32": 48}}
 # the same where the model's products run on bertlab's AVX2 kernels (float32 on sgemm-avx2, int8
 # on u8-avx2), which the program calls too, as operators (avx2.ops), without the Python between
 # them: on the AVX2 EPYC it took 0.62-0.94x the model's time in float32 and 0.52-0.93x in int8
-# from 8 to 128 positions, 1.07x and 0.99x at 256 (benchmarks/compiled-sizes-epyc-avx2.txt)
-COMPILED_TOKENS_AVX2 = {"avx2": {"float32": 128, "int8": 128}}
+# from 8 to 128 positions, 1.07x and 0.99x at 256 (benchmarks/compiled-sizes-epyc-avx2.txt); on
+# the AVX-512 EPYC (Zen 4, float32 on sgemm-avx2: half_width_avx512) 0.62-0.96x from 8 to 128,
+# 0.99x at 256 and 1.04x at 768 (benchmarks/compiled-sizes-epyc-avx512.txt)
+COMPILED_TOKENS_AVX2 = {"avx2": {"float32": 128, "int8": 128}, "avx512-bf16": {"float32": 128}}
 
 
 def _on_avx2_kernels(precision: str, float32_kernel: str | None, int8_kernel: str | None) -> bool:
@@ -544,10 +555,11 @@ def policy(f: Features, environ: dict[str, str] | os._Environ | None = None) -> 
         not_compiled["bfloat16"] = f"bfloat16 products run in float32 here ({bf16_why})"
     if kernel is None:
         not_compiled["int8"] = f"int8 does not run here ({int8_why})"
-    elif kernel == "u8-avx2" and cls not in COMPILED_TOKENS_AVX2:
+    elif kernel == "u8-avx2" and "int8" not in COMPILED_TOKENS_AVX2.get(cls, {}):
+        measured = [c for c, caps in COMPILED_TOKENS_AVX2.items() if "int8" in caps]
         not_compiled["int8"] = (
             f"the compiled program calling the u8-avx2 kernel was measured only on the "
-            f"{', '.join(COMPILED_TOKENS_AVX2)} class, not on this one ({cls})"
+            f"{', '.join(measured)} class, not on this one ({cls})"
         )
     elif kernel not in ("onednn-s8", "u8-avx2"):
         not_compiled["int8"] = (
@@ -647,6 +659,12 @@ def _float32_kernel(
         return None, "float32 products take PyTorch's own kernels here"
     if forced in FLOAT32_KERNELS:
         return forced, f"forced by BERTLAB_FLOAT32_KERNEL={forced}"
+    if half_width_avx512(f):
+        return "sgemm-avx2", (
+            "bertlab's AVX2 kernel: this CPU (AMD family 25, Zen 4) runs AVX-512 on 256-bit "
+            "halves, so oneDNN's wider kernels multiply no faster, and sgemm-avx2 was measured "
+            "faster than them"
+        )
     if cls != "avx2":
         return "onednn", (
             f"oneDNN's products, whose kernels use this class's wider instructions ({cls})"
@@ -659,6 +677,13 @@ def _float32_kernel(
             f"one is {f.vendor or 'of an unknown vendor'}"
         )
     return "sgemm-avx2", "bertlab's AVX2 kernel, measured faster than oneDNN's on this class"
+
+
+def half_width_avx512(f: Features) -> bool:
+    """AMD's AVX-512 CPUs of family 25 (0x19: Zen 4; its AVX2 CPUs are Zen 3), which run each
+    512-bit instruction as two 256-bit halves: an AVX2 kernel does as many multiplications a
+    cycle. Zen 5 (family 26) has full 512-bit units."""
+    return f.vendor == "AuthenticAMD" and f.family == 25 and "avx512_f" in f.flags
 
 
 def inductor_options() -> dict[str, object]:

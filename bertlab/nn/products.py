@@ -22,8 +22,9 @@ maps a dtype to its route):
               where the policy says so (``cpu.current().few_rows == "mkl"``: Intel CPUs) MKL's
               packed product computes it instead, on a second packed copy of the weight made
               the first time such a product runs, and the epilogue follows in place. Where
-              ``cpu.current().float32_kernel == "sgemm-avx2"`` (AMD's AVX2 CPUs) every float32
-              product runs on bertlab's own kernel instead (avx2.py), on the weight packed in
+              ``cpu.current().float32_kernel == "sgemm-avx2"`` (AMD's AVX2 CPUs, and Zen 4)
+              every float32 product runs on bertlab's own kernel instead (avx2.py), on the
+              weight packed in
               its panels, the residual or GELU applied inside it (another activation in place
               after), and the layer norm that follows (``norm=``) inside it too, on each row
               once it is whole: PyTorch's layer norm cost 10-26 us a call on a short sentence.
