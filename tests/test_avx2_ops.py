@@ -1,9 +1,9 @@
 """bertlab's AVX2 kernels as PyTorch operators (avx2.ops, avx2_ops.cpp): the form in which a
 program that bertlab compiles itself (nn/compiled.py) calls them from C++. Each operator gives
-its ctypes call's bits; bad arguments are refused by name; the graph traced for bertlab's own
-program calls them where the policy's products run on the kernels, and no other traced graph
-does (exports for other runtimes keep the plain equation); and where they cannot be built,
-Compiled runs the model itself, saying why."""
+its ctypes call's bits (the attention at real tokens); bad arguments are refused by name; the
+graph traced for bertlab's own program calls them where the policy's products run on the
+kernels, and no other traced graph does (exports for other runtimes keep the plain equation);
+and where they cannot be built, Compiled runs the model itself, saying why."""
 
 import dataclasses
 
@@ -85,6 +85,63 @@ def test_bad_arguments_are_refused_by_name():
                                 None, False, None, None, 0.0)  # fmt: skip
 
 
+def _heads(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """(B, T, H) -> (B, A, T, D), as the padded layout splits them (packing.Padded)."""
+    B, T, H = t.shape
+    return t.view(B, T, heads, H // heads).transpose(1, 2)
+
+
+@needs_ops
+def test_the_attention_operator_gives_the_kernels_bits_at_real_tokens():
+    """On views of one (B, T, 3H) projection, as the graph has them: at each row's real tokens
+    the operator gives ``avx2.attention``'s bits on the packed real tokens; a mask with real
+    tokens after padding, and rows longer than the limit, take PyTorch's attention, which it
+    equals at every position; the output is laid out as (B, T, A, D) rows, as its shape form
+    (fake) says."""
+    g = torch.Generator().manual_seed(0)
+    B, T, A, D = 3, 21, 4, 16
+    qkv = torch.randn(B, T, 3 * A * D, generator=g)
+    q, k, v = (_heads(t, A) for t in qkv.split(A * D, dim=-1))
+    mask = torch.ones(B, T, dtype=torch.bool)
+    mask[0, 13:] = False
+    mask[2, 1:] = False  # (a row of one token)
+    got = torch.ops.bertlab.attention(q, k, v, mask, 64)
+    assert got.shape == (B, A, T, D) and got.transpose(1, 2).is_contiguous()
+    real = mask.flatten()
+    packed = [t.transpose(1, 2).reshape(B * T, A, D)[real] for t in (q, k, v)]
+    lengths = mask.sum(1).tolist()
+    starts = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    want = avx2.attention(*packed, starts, max(lengths))
+    assert torch.equal(got.transpose(1, 2).reshape(B * T, A, D)[real], want)
+    sdpa = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :])
+    keep = mask[:, None, :, None].expand_as(sdpa)
+    torch.testing.assert_close(got[keep], sdpa[keep], rtol=1e-5, atol=1e-5)
+    assert torch.isfinite(got).all()
+    # no mask: every position real
+    full = F.scaled_dot_product_attention(q, k, v)
+    torch.testing.assert_close(torch.ops.bertlab.attention(q, k, v, None, 64), full,
+                               rtol=1e-5, atol=1e-5)  # fmt: skip
+    # real tokens after padding, or rows past the limit: PyTorch's attention, every position
+    holes = mask.clone()
+    holes[1, 5] = False
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=holes[:, None, None, :])
+    torch.testing.assert_close(torch.ops.bertlab.attention(q, k, v, holes, 64), want)
+    torch.testing.assert_close(torch.ops.bertlab.attention(q, k, v, mask, 16), sdpa)
+
+
+@needs_ops
+def test_the_attention_operator_refuses_bad_arguments_by_name():
+    q = torch.randn(2, 4, 8, 16)
+    with pytest.raises(RuntimeError, match=r"attention: q \[2, 4, 8, 12\] .* D a multiple"):
+        torch.ops.bertlab.attention(q[..., :12], q[..., :12], q[..., :12], None, 64)
+    with pytest.raises(RuntimeError, match=r"must be float32 \(B, A, T, D\) of one shape"):
+        torch.ops.bertlab.attention(q, q[:1], q, None, 64)
+    with pytest.raises(RuntimeError, match=r"bertlab::attention: mask must be bool \(2, 8\)"):
+        torch.ops.bertlab.attention(q, q, q, torch.ones(2, 7, dtype=torch.bool), 64)
+    with pytest.raises(RuntimeError, match=r"mask must be bool"):
+        torch.ops.bertlab.attention(q, q, q, torch.ones(2, 8), 64)
+
+
 def _operators(program: torch.export.ExportedProgram) -> list[str]:
     return [str(node.target) for node in program.graph.nodes if "bertlab" in str(node.target)]
 
@@ -119,6 +176,28 @@ def test_bertlabs_own_program_calls_them_and_other_exports_do_not(monkeypatch):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)  # (the same kernel, the same bits)
     with torch.no_grad():
         assert _operators(torch.export.export(q, (ids, mask))) == []
+
+
+@needs_ops
+def test_bertlabs_own_program_runs_the_attention_operator_too(monkeypatch):
+    """A packed model traced for bertlab's own program: each layer's attention is the
+    attention operator beside its sgemm products, and the graph gives the eager model's numbers
+    at real tokens, padded rows included. A plain export keeps PyTorch's attention."""
+    on_kernels(monkeypatch)
+    model, ids, mask = small_encoder(torch.float32)
+    with torch.inference_mode():
+        want = model(ids, mask).last_hidden_state
+    with aligned_export(), torch.no_grad():
+        program = torch.export.export(model, (ids, mask))
+    layer = ["bertlab.sgemm.default", "bertlab.attention.default"] + ["bertlab.sgemm.default"] * 3
+    assert _operators(program) == layer * 3
+    with torch.inference_mode():
+        got = program.module()(ids, mask).last_hidden_state
+    real = mask.bool()
+    torch.testing.assert_close(got[real], want[real], rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        plain = torch.export.export(model, (ids, mask))
+    assert "bertlab.attention.default" not in _operators(plain)
 
 
 def test_without_the_operators_compiled_runs_the_model_saying_why(monkeypatch):

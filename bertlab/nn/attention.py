@@ -101,9 +101,17 @@ def aligned_attention(
     several times the time of the multiple (16 keys). The compiled graph runs this kernel
     (packing.enter), where the padding is one fused copy of the keys and values; in eager mode
     the copies cost more than they save at some sizes, and exported graphs keep the plain
-    equation that other runtimes recognise."""
+    equation that other runtimes recognise.
+
+    In a program bertlab compiles itself where float32 runs on bertlab's AVX2 kernels (the
+    products are its operators there: avx2.ops), the attention is its operator too,
+    ``torch.ops.bertlab.attention``: each row's real tokens as one sequence of
+    ``avx2.attention`` where they come first and number at most ATTENTION_TOKENS, PyTorch's
+    kernel otherwise."""
     if need_weights:
         return eager_attention(q, k, v, mask, dropout_p, need_weights)
+    if _as_operator(q, dropout_p):
+        return torch.ops.bertlab.attention(q, k, v, mask, avx2.ATTENTION_TOKENS), None
     T = k.shape[-2]
     pad = -T % WINDOW_ALIGN
     k, v = F.pad(k, (0, 0, 0, pad)), F.pad(v, (0, 0, 0, pad))
@@ -112,6 +120,19 @@ def aligned_attention(
     else:
         keys = F.pad(mask, (0, pad))  # (B, T + pad), False where added
     return sdpa_attention(q, k, v, keys, dropout_p, False)
+
+
+def _as_operator(q: torch.Tensor, dropout_p: float) -> bool:
+    """A graph traced for a program of bertlab's own that calls its AVX2 kernels as operators
+    (avx2.traced_as_operators), float32 inference, the policy's float32 kernel sgemm-avx2, D a
+    multiple of 8."""
+    return (
+        q.dtype == torch.float32
+        and dropout_p == 0.0
+        and q.shape[-1] % 8 == 0
+        and cpu.current().float32_kernel == "sgemm-avx2"
+        and avx2.traced_as_operators()
+    )
 
 
 def varlen_ok(q: torch.Tensor, dropout_p: float) -> bool:

@@ -478,10 +478,12 @@ _OPS: list[str | None] = []  # [None: registered] or [why not], once a process
 
 def ops() -> str | None:
     """Build (once a machine) and load (once a process) avx2_ops.cpp: the kernels as the
-    PyTorch operators ``torch.ops.bertlab.sgemm`` and ``torch.ops.bertlab.qgemm``, which a
-    program that bertlab compiles ahead of time calls from C++ (nn/compiled.py). None when they
-    are registered, else why they cannot be (the kernels cannot run, no C++ compiler, PyTorch's
-    headers missing, a failed build: its last lines)."""
+    PyTorch operators ``torch.ops.bertlab.sgemm``, ``torch.ops.bertlab.qgemm`` and
+    ``torch.ops.bertlab.attention`` (padded (B, A, T, D) inputs and their mask: each row's real
+    tokens, where they come first, as one sequence of ``attention``, else PyTorch's attention),
+    which a program that bertlab compiles ahead of time calls from C++ (nn/compiled.py). None
+    when they are registered, else why they cannot be (the kernels cannot run, no C++
+    compiler, PyTorch's headers missing, a failed build: its last lines)."""
     if not _OPS:
         _OPS.append(_build_ops())
     return _OPS[0]
@@ -519,6 +521,7 @@ def _build_ops() -> str | None:
         return f"{target} could not be loaded ({e})"
     torch.library.register_fake("bertlab::sgemm")(_sgemm_shape)
     torch.library.register_fake("bertlab::qgemm")(_qgemm_shape)
+    torch.library.register_fake("bertlab::attention")(_attention_shape)
     return None
 
 
@@ -534,3 +537,8 @@ def _sgemm_shape(x, panels, bias, n, add, gelu, lnw, lnb, eps):  # noqa: ANN001,
 
 def _qgemm_shape(x, panels, corr, scale, bias, unsmooth, levels, k, add, gelu, lnw, lnb, eps):  # noqa: ANN001, ANN202
     return x.new_empty(*x.shape[:-1], corr.shape[0])
+
+
+def _attention_shape(q, k, v, mask, limit):  # noqa: ANN001, ANN202
+    B, A, T, D = q.shape
+    return q.new_empty(B, T, A, D).transpose(1, 2)  # (the operator's rows: (B, T, A, D))

@@ -1,4 +1,5 @@
-/* bertlab's AVX2 kernels as PyTorch operators (bertlab::sgemm, bertlab::qgemm), so that a
+/* bertlab's AVX2 kernels as PyTorch operators (bertlab::sgemm, bertlab::qgemm,
+   bertlab::attention), so that a
    program compiled ahead of time (nn/compiled.py) calls them from C++ with no Python between:
    the same C functions that avx2.py calls through ctypes in eager mode, with the same
    arguments, checked the same way (avx2.py's docstrings are the contract).
@@ -11,6 +12,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <vector>
@@ -24,6 +26,10 @@ int bertlab_qgemm(const float *a, int64_t m, int64_t k, const float *unsmooth, i
                   const float *bias, int gelu, const float *add, const float *lnw,
                   const float *lnb, float eps, float *c, uint8_t *qa, float *ascale,
                   int threads);
+int bertlab_attention(const float *q, int64_t ldq, const float *k, int64_t ldk, const float *v,
+                      int64_t ldv, float *out, int64_t ldo, const int32_t *starts, int64_t count,
+                      int64_t rows, int64_t longest, int64_t heads, int64_t d, float scale,
+                      float *scratch, int threads);
 }
 
 namespace {
@@ -106,6 +112,65 @@ at::Tensor qgemm(const at::Tensor &x, const at::Tensor &panels, const at::Tensor
   return out;
 }
 
+/* (B, A, T, D) -> (B, T, A, D): B x T rows of a token's heads side by side, at one stride (the
+   view itself where its strides allow: a view of the projections' output; else a copy) */
+at::Tensor token_rows(const at::Tensor &t) {
+  at::Tensor rows = t.transpose(1, 2);
+  const bool fits = rows.stride(3) == 1 && rows.stride(2) == rows.size(3) &&
+                    rows.stride(0) == rows.size(1) * rows.stride(1);
+  return fits ? rows : rows.contiguous();
+}
+
+/* q, k, v (B, A, T, D) float32, mask (B, T) bool (true at real tokens) or none -> (B, A, T, D),
+   a view of (B, T, A, D) rows: each row's queries over its real keys. Where every row's real
+   tokens come first and T <= limit, the kernel runs each row's real tokens as one sequence and
+   its padding as another (padding queries see padding keys only; their outputs are unread);
+   otherwise PyTorch's attention computes the same. */
+at::Tensor attention(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+                     const std::optional<at::Tensor> &mask, int64_t limit) {
+  TORCH_CHECK(q.dim() == 4 && q.scalar_type() == at::kFloat && k.sizes() == q.sizes() &&
+                  v.sizes() == q.sizes() && k.scalar_type() == at::kFloat &&
+                  v.scalar_type() == at::kFloat && q.size(3) % 8 == 0,
+              "bertlab::attention: q ", q.sizes(), " k ", k.sizes(), " v ", v.sizes(),
+              " must be float32 (B, A, T, D) of one shape, D a multiple of 8");
+  const int64_t B = q.size(0), A = q.size(1), T = q.size(2), D = q.size(3);
+  TORCH_CHECK(!mask.has_value() || (mask->scalar_type() == at::kBool && mask->dim() == 2 &&
+                                    mask->size(0) == B && mask->size(1) == T),
+              "bertlab::attention: mask must be bool (", B, ", ", T, ")");
+  at::Tensor out = at::empty({B, T, A, D}, q.options());
+  std::vector<int32_t> starts{0};  // each row: its real tokens, then its padding
+  bool fits = T <= limit;
+  at::Tensor keys = mask.has_value() ? mask->contiguous() : at::Tensor();
+  for (int64_t b = 0; b < B && fits; b++) {
+    int64_t n = T;
+    if (mask.has_value()) {
+      const bool *row = keys.data_ptr<bool>() + b * T;
+      n = 0;
+      while (n < T && row[n]) n++;
+      for (int64_t j = n; j < T; j++) fits = fits && !row[j];
+    }
+    starts.push_back((int32_t)(b * T + n));
+    starts.push_back((int32_t)((b + 1) * T));
+  }
+  if (!fits) {  // a longer sequence, or real tokens after padding
+    std::optional<at::Tensor> allowed;
+    if (mask.has_value()) allowed = mask->view({B, 1, 1, T});
+    out.copy_(at::scaled_dot_product_attention(q, k, v, allowed).transpose(1, 2));
+    return out.transpose(1, 2);
+  }
+  if (B * T * A * D == 0) return out.transpose(1, 2);
+  const at::Tensor qr = token_rows(q), kr = token_rows(k), vr = token_rows(v);
+  const int threads = at::get_num_threads();
+  thread_local std::vector<float> scratch;  // each thread's keys transposed, two rows of scores
+  scratch.resize(threads * (D + 2) * ((T + 31) / 32 * 32));
+  const int status = bertlab_attention(
+      qr.data_ptr<float>(), qr.stride(1), kr.data_ptr<float>(), kr.stride(1), vr.data_ptr<float>(),
+      vr.stride(1), out.data_ptr<float>(), A * D, starts.data(), (int64_t)starts.size() - 1, B * T,
+      T, A, D, (float)std::pow((double)D, -0.5), scratch.data(), threads);
+  TORCH_CHECK(status == 0, "bertlab::attention: the kernel refused the sequences");
+  return out.transpose(1, 2);
+}
+
 }  // namespace
 
 TORCH_LIBRARY(bertlab, m) {
@@ -114,9 +179,11 @@ TORCH_LIBRARY(bertlab, m) {
   m.def("qgemm(Tensor x, Tensor panels, Tensor corr, Tensor scale, Tensor? bias, "
         "Tensor? unsmooth, int levels, int k, Tensor? add, bool gelu, Tensor? lnw, Tensor? lnb, "
         "float eps) -> Tensor");
+  m.def("attention(Tensor q, Tensor k, Tensor v, Tensor? mask, int limit) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(bertlab, CPU, m) {
   m.impl("sgemm", sgemm);
   m.impl("qgemm", qgemm);
+  m.impl("attention", attention);
 }

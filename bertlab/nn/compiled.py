@@ -10,7 +10,8 @@ ahead of time into a shared library (AOTInductor), which it then calls directly:
 * ``freezing``: the weights are constants of the program, packed once into the layout the
   matrix kernels read and folded where they can be;
 * ``cpp.enable_concat_linear``: the query, key and value projections as one product;
-* attention runs on keys padded to a multiple of 16 (the "aligned" kernel, attention.py);
+* attention runs on keys padded to a multiple of 16 (the "aligned" kernel, attention.py), or
+  on bertlab's AVX2 attention kernel where float32 runs on its AVX2 kernels (below);
 * one program for every batch size and sequence length (one per set of inputs given: ids
   alone, ids and mask, ...).
 
@@ -68,9 +69,11 @@ u8-avx2: avx2.py), the program calls those same kernels: the graph is traced ins
 ``aligned_export``, where products.py and precision.py write each product as the operator
 ``torch.ops.bertlab.sgemm`` or ``torch.ops.bertlab.qgemm`` (avx2.ops: the C functions behind a
 small C++ library built once with the same compiler), on panels packed in the graph, which
-freezing turns into constants. A short sentence then runs the model's kernels with no Python
-between them. Where that library cannot be built, ``Compiled`` runs the model itself, saying
-why. Exports for other runtimes (ONNX, ``torch.export`` outside bertlab) never contain them.
+freezing turns into constants, and where float32 runs on sgemm-avx2, attention.py writes the
+attention as ``torch.ops.bertlab.attention`` (each row's real tokens through the AVX2 attention
+kernel). A short sentence then runs the model's kernels with no Python between them. Where
+that library cannot be built, ``Compiled`` runs the model itself, saying why. Exports for other
+runtimes (ONNX, ``torch.export`` outside bertlab) never contain them.
 
 Compiling needs a C++ compiler (inductor's CPU backend) and Python's C headers;
 ``Compiled.available()`` says which is missing where one is, and ``Compiled(model)`` refuses
