@@ -449,3 +449,61 @@ def test_the_layer_norm_runs_inside_the_product_only_where_nothing_must_see_it(m
     with torch.no_grad():
         products.linear(layer, x, residual=residual, norm=bare)
     assert calls[-1][6] is None
+
+
+@needs_kernel
+@pytest.mark.parametrize("levels", [127, 63])
+def test_the_one_pass_rounding_gives_precision_pys_int8_rows_bit_for_bit(levels):
+    """avx2.quantize (onednn-s8's rounding in eager mode) against precision._quantize_rows: the
+    same int8 rows and scales, with and without smoothing, at input widths off the 8-float
+    step, a row of zeros, halves (rounded to even) and rows enough to run on every thread."""
+    from bertlab.nn import precision
+
+    g = torch.Generator().manual_seed(0)
+    for rows, k in ((21, 384), (1, 37), (700, 1536), (3, 5)):
+        x = torch.randn(rows, k, generator=g) * 3
+        x[0] = 0
+        if k >= 8:
+            x[-1, :8] = torch.tensor([0.5, -0.5, 1.5, -2.5, 127.0, -127.0, 63.0, 2.5])
+        unsmooth = torch.rand(k, generator=g) + 0.5
+        for smooth in (None, unsmooth):
+            q, scale = avx2.quantize(x, smooth, levels)
+            want_q, want_scale = precision._quantize_rows(
+                x * smooth if smooth is not None else x.clone(), levels=levels
+            )
+            assert torch.equal(q, want_q) and torch.equal(scale, want_scale)
+            assert q.dtype == torch.int8 and int(q.abs().max()) <= levels
+    with pytest.raises(ValueError, match=r"avx2.quantize: .* levels 128: float32 \(R, K\)"):
+        avx2.quantize(x, None, 128)
+    with pytest.raises(ValueError, match=r"avx2.quantize: x \(3, 5\) torch.float64"):
+        avx2.quantize(x.double(), None, levels)
+    with pytest.raises(ValueError, match=r"unsmooth \(\(4,\), torch.float32\)"):
+        avx2.quantize(x, unsmooth[:4], levels)
+
+
+@needs_kernel
+def test_eager_onednn_s8_products_round_in_one_pass_and_keep_their_numbers(monkeypatch):
+    """Where the int8 kernel is onednn-s8 and bertlab's kernels load, an eager int8 model rounds
+    each product's activations with avx2.quantize, and its outputs equal those of the same
+    model rounding with PyTorch's operations (the same int8 rows, the same sums)."""
+    from bertlab.nn import precision
+
+    if cpu.current().int8_kernel != "onednn-s8":
+        pytest.skip(f"the int8 kernel here is {cpu.current().int8_kernel}, not onednn-s8")
+    model, ids, mask = small_encoder(torch.float32)
+    q = precision.quantize_int8(model)
+    calls = []
+    real = avx2.quantize
+    monkeypatch.setattr(avx2, "quantize", lambda *a: calls.append(1) or real(*a))
+    with torch.inference_mode():
+        got = q(ids, mask).last_hidden_state
+    assert len(calls) == 3 * 4 + 1  # (each layer: the projections as one, three more; the pooler)
+
+    def by_pytorch(x, unsmooth, levels):  # (the operations it replaced)
+        return precision._quantize_rows(x * unsmooth if unsmooth is not None else x.clone(),
+                                        levels=levels)  # fmt: skip
+
+    monkeypatch.setattr(avx2, "quantize", by_pytorch)
+    with torch.inference_mode():
+        want = q(ids, mask).last_hidden_state
+    assert torch.equal(got, want)

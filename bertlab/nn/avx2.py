@@ -288,6 +288,41 @@ def qproduct(
     return out
 
 
+def quantize(
+    x: torch.Tensor, unsmooth: torch.Tensor | None, levels: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(R, K) float32 -> int8 (R, K) and each row's scale (R, 1): t = x * unsmooth (where
+    given), s = max(max|t| / levels, the smallest normal float), round(t / s), in one pass:
+    precision.py's rounding for oneDNN's signed int8 product, bit for bit. Other shapes, dtypes
+    and levels outside 1..127 are refused (ValueError); the first call loads the kernels
+    (RuntimeError, saying why, where they cannot run)."""
+    if (
+        x.dtype != torch.float32
+        or x.dim() != 2
+        or not 1 <= levels <= 127
+        or (
+            unsmooth is not None
+            and (unsmooth.dtype != torch.float32 or unsmooth.shape != (x.shape[1],))
+        )
+    ):
+        raise ValueError(
+            f"avx2.quantize: x {tuple(x.shape)} {x.dtype}, unsmooth "
+            f"{None if unsmooth is None else (tuple(unsmooth.shape), unsmooth.dtype)}, levels "
+            f"{levels}: float32 (R, K), float32 (K,) or None, levels in 1..127"
+        )
+    functions = _kernels()
+    x = x.contiguous()
+    unsmooth = None if unsmooth is None else unsmooth.contiguous()
+    rows, k = x.shape
+    q = torch.empty(rows, k, dtype=torch.int8)
+    scale = x.new_empty(rows, 1)
+    if rows and k:
+        smooth = None if unsmooth is None else unsmooth.data_ptr()
+        functions.quantize(x.data_ptr(), rows, k, smooth, levels, q.data_ptr(), scale.data_ptr(),
+                           torch.get_num_threads())  # fmt: skip
+    return q, scale
+
+
 SCRATCH_KEPT = 1 << 20  # bytes: the most scratch memory a thread keeps between calls
 _SCRATCH = threading.local()
 
@@ -468,7 +503,11 @@ def _build_and_load() -> object:
     qgemm.argtypes = [ptr, i64, i64, ptr, i32, ptr, ptr, ptr, i64, ptr, i32, ptr, ptr, ptr, f32,
                       ptr, ptr, ptr, i32]  # fmt: skip
     sgemm.restype, attend.restype, qgemm.restype = None, ctypes.c_int, ctypes.c_int
-    return SimpleNamespace(sgemm=sgemm, attention=attend, qgemm=qgemm, path=built)
+    rounding = lib.bertlab_quantize
+    rounding.argtypes = [ptr, i64, i64, ptr, i32, ptr, ptr, i32]
+    rounding.restype = ctypes.c_int
+    return SimpleNamespace(sgemm=sgemm, attention=attend, qgemm=qgemm, quantize=rounding,
+                           path=built)  # fmt: skip
 
 
 # ============================================================================ as operators

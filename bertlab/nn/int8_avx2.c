@@ -169,6 +169,47 @@ static void partial(int rows, int cols, const uint8_t *u, int64_t kp, const floa
     for (int j = 0; j < cols; j++) c[r * ldc + j] = out[r * PANEL + j];
 }
 
+/* The rounding alone, for oneDNN's signed int8 product (precision.py's onednn-s8): each row r
+   of a (m, k) to q = round(t / s) in -L..L as signed bytes (q: m x k), with t = a * unsmooth
+   and s = max(max|t| / L, the smallest normal float) in scale[r], the numbers of precision.py's
+   _quantize_rows, bit for bit, in one pass instead of its seven. Returns 0, or -1 (nothing
+   read or written) where levels is outside 1..127. */
+int bertlab_quantize(const float *a, int64_t m, int64_t k, const float *unsmooth, int levels,
+                     int8_t *q, float *scale, int threads) {
+  if (levels < 1 || levels > 127) return -1;
+  const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+#pragma omp parallel for num_threads(threads) schedule(static) if (m * k >= 65536)
+  for (int64_t r = 0; r < m; r++) {
+    const float *row = a + r * k;
+    int8_t *out = q + r * k;
+    __m256 top = _mm256_setzero_ps();
+    float last = 0.f;
+    int64_t j = 0;
+    for (; j + 8 <= k; j += 8) {
+      __m256 t = _mm256_loadu_ps(row + j);
+      if (unsmooth) t = _mm256_mul_ps(t, _mm256_loadu_ps(unsmooth + j));
+      top = _mm256_max_ps(top, _mm256_and_ps(t, absmask));
+    }
+    for (; j < k; j++) last = fmaxf(last, fabsf(unsmooth ? row[j] * unsmooth[j] : row[j]));
+    float lanes[8];
+    _mm256_storeu_ps(lanes, top);
+    for (int i = 0; i < 8; i++) last = fmaxf(last, lanes[i]);
+    float s = last / (float)levels;
+    if (!(s >= FLT_MIN)) s = FLT_MIN; /* (a row of zeros) */
+    scale[r] = s;
+    const __m256 vs = _mm256_set1_ps(s);
+    for (j = 0; j + 8 <= k; j += 8) {
+      __m256 t = _mm256_loadu_ps(row + j);
+      if (unsmooth) t = _mm256_mul_ps(t, _mm256_loadu_ps(unsmooth + j));
+      __m256i v = _mm256_cvtps_epi32(_mm256_div_ps(t, vs)); /* (halves to even, as torch.round) */
+      __m128i w16 = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+      _mm_storel_epi64((__m128i *)(out + j), _mm_packs_epi16(w16, w16));
+    }
+    for (; j < k; j++) out[j] = (int8_t)nearbyintf((unsmooth ? row[j] * unsmooth[j] : row[j]) / s);
+  }
+  return 0;
+}
+
 /* Returns 0, or -1 (nothing read or written) where levels is outside 1..63. */
 int bertlab_qgemm(const float *a, int64_t m, int64_t k, const float *unsmooth, int levels,
                   const int8_t *panels, const int32_t *corr, const float *wscale, int64_t n,

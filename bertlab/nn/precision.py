@@ -15,7 +15,10 @@ int8 (``quantize_int8``) replaces the linear layers by ``Int8Linear``:
 * activations: one scale per token (row of x), s_x = max|x_row| / L, taken on every call, and
   rounded to the integers -L..L: L = 127 (8 bits), or 63 (7 bits) on CPUs without VNNI, whose
   u8 kernels would overflow 16-bit sums at 8 (cpu.py). A token's result depends on that token
-  alone: never on the padding or on the other sequences in the batch;
+  alone: never on the padding or on the other sequences in the batch. For onednn-s8 in eager
+  mode the rounding is one pass of C (avx2.quantize, where bertlab's AVX2 kernels load) rather
+  than seven PyTorch operations, the same numbers bit for bit (docs/performance.md: the eager
+  int8 model at batch 1 on the Zen 4 EPYC);
 * the product: summed exactly in int32 by the CPU's int8 kernel (cpu.py chooses it: oneDNN's
   s8 x s8 kernels on VNNI or AMX, or fbgemm's, oneDNN's or bertlab's own (u8-avx2: avx2.py)
   u8 x s8 kernels from AVX2 up), on the weight prepacked once into the kernel's layout where
@@ -158,9 +161,12 @@ def int8_product(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None)
     if weight.kernel == "u8-avx2" and weight.packed is not None:  # rounds, sums, scales itself
         return avx2.qproduct(flat, weight.packed).view(*shape[:-1], out)  # (its bias is packed)
     smoothed = weight.unsmooth is not None
-    t = flat * weight.unsmooth if smoothed else flat
     if weight.kernel == "onednn-s8":
-        q, scale = _quantize_rows(t, own=smoothed, levels=weight.levels)
+        if not tracing() and avx2.load() is None:  # the rounding in one pass (seven otherwise)
+            q, scale = avx2.quantize(flat, weight.unsmooth, weight.levels)
+        else:
+            t = flat * weight.unsmooth if smoothed else flat
+            q, scale = _quantize_rows(t, own=smoothed, levels=weight.levels)
         if weight.packed is not None and flat.shape[0] > S8_FEW_ROWS:
             # oneDNN's kernel on the prepacked weight, the sums times s_w as it writes them
             packed, zeros = weight.packed
@@ -169,6 +175,7 @@ def int8_product(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None)
         else:  # traced (the product inductor fuses), or few rows, where this was the faster
             acc = torch.mul(torch._int_mm(q, weight.int8), weight.scale)
     else:
+        t = flat * weight.unsmooth if smoothed else flat
         scale = _row_scales(t, weight.levels)
         t = t.div_(scale) if smoothed else t.div(scale)  # -levels..levels, not yet rounded
         zero = weight.levels + 1  # the u8 zero point: the values sit in 1..2 * levels + 1
