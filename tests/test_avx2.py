@@ -507,3 +507,56 @@ def test_eager_onednn_s8_products_round_in_one_pass_and_keep_their_numbers(monke
     with torch.inference_mode():
         want = q(ids, mask).last_hidden_state
     assert torch.equal(got, want)
+
+
+@needs_kernel
+def test_the_one_pass_scaling_back_equals_pytorchs_with_its_epilogue():
+    """avx2.dequantize against the same arithmetic in PyTorch: int32 sums times the weight's
+    and the rows' scales plus the bias, GELU, a residual and a layer norm, at widths off the
+    8-float step and rows enough to run on every thread; bad shapes are refused by name."""
+    g = torch.Generator().manual_seed(0)
+    for rows, n in ((21, 384), (3, 37), (700, 64)):
+        acc = torch.randint(-3000, 3000, (rows, n), generator=g, dtype=torch.int32)
+        ascale, wscale = torch.rand(rows, 1, generator=g) / 500, torch.rand(n, generator=g)
+        bias, add = torch.randn(n, generator=g), torch.randn(rows, n, generator=g)
+        y = torch.addcmul(bias, acc * wscale, ascale)
+        close = dict(rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(avx2.dequantize(acc, ascale, wscale, bias), y, **close)
+        torch.testing.assert_close(avx2.dequantize(acc, ascale, wscale, None, add),
+                                   y - bias + add, **close)  # fmt: skip
+        torch.testing.assert_close(avx2.dequantize(acc, ascale, wscale, bias, None, True),
+                                   F.gelu(y), **close)  # fmt: skip
+        if n % 8 == 0:
+            norm = avx2.Norm(torch.rand(n, generator=g) + 0.5, torch.randn(n, generator=g), 1e-12)
+            got = avx2.dequantize(acc, ascale, wscale, bias, add, False, norm)
+            torch.testing.assert_close(got, F.layer_norm(y + add, (n,), *norm), **close)
+    with pytest.raises(ValueError, match=r"avx2.dequantize: acc \(700, 64\) torch.float32"):
+        avx2.dequantize(acc.float(), ascale, wscale)
+    with pytest.raises(ValueError, match=r"wscale \(63,\)"):
+        avx2.dequantize(acc, ascale, wscale[:63])
+
+
+@needs_kernel
+def test_eager_onednn_s8_layers_run_in_three_calls_with_the_unfused_numbers(monkeypatch):
+    """Where the int8 kernel is onednn-s8, each eager product runs as precision.s8_product (the
+    rounding, oneDNN's sums, the scaling with its epilogue), and the model's outputs equal
+    those of the operations it replaced within float32 rounding."""
+    from bertlab.nn import precision
+
+    if cpu.current().int8_kernel != "onednn-s8":
+        pytest.skip(f"the int8 kernel here is {cpu.current().int8_kernel}, not onednn-s8")
+    model, ids, mask = small_encoder(torch.float32)
+    q = precision.quantize_int8(model)
+    calls = []
+    real = precision.s8_product
+    monkeypatch.setattr(products, "s8_product", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(precision, "s8_product", lambda *a: calls.append(1) or real(*a))
+    with torch.inference_mode():
+        got = q(ids, mask).last_hidden_state
+    assert len(calls) == 3 * 4 + 1
+    for module in (products, precision):
+        monkeypatch.setattr(module, "s8_in_one_pass", lambda weight, rows: False)
+    with torch.inference_mode():
+        want = q(ids, mask).last_hidden_state
+    real_rows = mask.bool()
+    torch.testing.assert_close(got[real_rows], want[real_rows], rtol=1e-4, atol=1e-4)

@@ -323,6 +323,53 @@ def quantize(
     return q, scale
 
 
+def dequantize(
+    acc: torch.Tensor,
+    ascale: torch.Tensor,
+    wscale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    add: torch.Tensor | None = None,
+    gelu: bool = False,
+    norm: Norm | None = None,
+) -> torch.Tensor:
+    """int32 (R, N) sums of rows ``quantize`` rounded -> float32 (R, N): ``norm(act(acc wscale
+    ascale + bias) (+ add))``, ascale (R, 1) the rows' scales, wscale (N,) the weight's, act
+    GELU with erf where ``gelu``, ``norm`` a layer norm of each row or None: the int8 product's
+    scaling and its epilogue in one pass. Other shapes and dtypes are refused (ValueError)."""
+    rows, n = acc.shape if acc.dim() == 2 else (-1, -1)
+    if (
+        acc.dtype != torch.int32
+        or rows < 0
+        or ascale.dtype != torch.float32
+        or ascale.numel() != rows
+        or wscale.dtype != torch.float32
+        or wscale.shape != (n,)
+        or (bias is not None and (bias.dtype != torch.float32 or bias.shape != (n,)))
+        or (add is not None and (add.dtype != torch.float32 or add.shape != (rows, n)))
+    ):
+        raise ValueError(
+            f"avx2.dequantize: acc {tuple(acc.shape)} {acc.dtype}, ascale "
+            f"{tuple(ascale.shape)}, wscale {tuple(wscale.shape)}, bias "
+            f"{None if bias is None else tuple(bias.shape)}, add "
+            f"{None if add is None else tuple(add.shape)}: int32 (R, N), float32 R scales, N "
+            "scales, N biases, (R, N)"
+        )
+    lnw, lnb, eps = _norm(norm, n, "dequantize")
+    functions = _kernels()
+    acc, ascale, wscale = acc.contiguous(), ascale.contiguous(), wscale.contiguous()
+    bias = None if bias is None else bias.contiguous()
+    add = None if add is None else add.contiguous()
+    out = torch.empty(rows, n)
+    if rows and n:
+        functions.dequantize(
+            acc.data_ptr(), rows, n, ascale.data_ptr(), wscale.data_ptr(),
+            None if bias is None else bias.data_ptr(), bool(gelu),
+            None if add is None else add.data_ptr(), lnw, lnb, eps, out.data_ptr(),
+            torch.get_num_threads(),
+        )  # fmt: skip
+    return out
+
+
 SCRATCH_KEPT = 1 << 20  # bytes: the most scratch memory a thread keeps between calls
 _SCRATCH = threading.local()
 
@@ -503,11 +550,13 @@ def _build_and_load() -> object:
     qgemm.argtypes = [ptr, i64, i64, ptr, i32, ptr, ptr, ptr, i64, ptr, i32, ptr, ptr, ptr, f32,
                       ptr, ptr, ptr, i32]  # fmt: skip
     sgemm.restype, attend.restype, qgemm.restype = None, ctypes.c_int, ctypes.c_int
-    rounding = lib.bertlab_quantize
+    rounding, back = lib.bertlab_quantize, lib.bertlab_dequantize
     rounding.argtypes = [ptr, i64, i64, ptr, i32, ptr, ptr, i32]
     rounding.restype = ctypes.c_int
+    back.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i32, ptr, ptr, ptr, f32, ptr, i32]
+    back.restype = None
     return SimpleNamespace(sgemm=sgemm, attention=attend, qgemm=qgemm, quantize=rounding,
-                           path=built)  # fmt: skip
+                           dequantize=back, path=built)  # fmt: skip
 
 
 # ============================================================================ as operators

@@ -210,6 +210,51 @@ int bertlab_quantize(const float *a, int64_t m, int64_t k, const float *unsmooth
   return 0;
 }
 
+/* Back from oneDNN's int32 sums of the rows bertlab_quantize rounded (acc: m x n, row-major):
+   c = norm(act(acc wscale ascale[r] + bias) (+ add)), act GELU (with erf) or none, norm a layer
+   norm of each row (n a multiple of 8) or none, the epilogue of sgemm_avx2.c, in one pass. */
+void bertlab_dequantize(const int32_t *acc, int64_t m, int64_t n, const float *ascale,
+                        const float *wscale, const float *bias, int gelu, const float *add,
+                        const float *lnw, const float *lnb, float eps, float *c, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static) if (m * n >= 16384)
+  for (int64_t r = 0; r < m; r++) {
+    const __m256 s = _mm256_set1_ps(ascale[r]);
+    const int32_t *in = acc + r * n;
+    const float *plus = add ? add + r * n : 0;
+    float *out = c + r * n;
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+      __m256 v = _mm256_mul_ps(
+          _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(in + j))),
+                        _mm256_loadu_ps(wscale + j)),
+          s);
+      if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + j));
+      if (gelu) v = gelu8(v);
+      if (plus) v = _mm256_add_ps(v, _mm256_loadu_ps(plus + j));
+      _mm256_storeu_ps(out + j, v);
+    }
+    if (j < n) { /* the last columns, through 8-lane buffers */
+      const int64_t w = n - j;
+      int32_t sums[8] = {0};
+      float ws[8] = {0}, b[8] = {0}, more[8] = {0}, y[8];
+      memcpy(sums, in + j, w * sizeof(int32_t));
+      memcpy(ws, wscale + j, w * sizeof(float));
+      if (bias) memcpy(b, bias + j, w * sizeof(float));
+      if (plus) memcpy(more, plus + j, w * sizeof(float));
+      __m256 v = _mm256_mul_ps(
+          _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)sums)),
+                        _mm256_loadu_ps(ws)),
+          s);
+      v = _mm256_add_ps(v, _mm256_loadu_ps(b));
+      if (gelu) v = gelu8(v);
+      v = _mm256_add_ps(v, _mm256_loadu_ps(more));
+      _mm256_storeu_ps(y, v);
+      memcpy(out + j, y, w * sizeof(float));
+    }
+    if (lnw) layer_norm_row(out, n, lnw, lnb, eps);
+  }
+}
+
 /* Returns 0, or -1 (nothing read or written) where levels is outside 1..63. */
 int bertlab_qgemm(const float *a, int64_t m, int64_t k, const float *unsmooth, int levels,
                   const int8_t *panels, const int32_t *corr, const float *wscale, int64_t n,

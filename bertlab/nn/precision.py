@@ -16,9 +16,11 @@ int8 (``quantize_int8``) replaces the linear layers by ``Int8Linear``:
   rounded to the integers -L..L: L = 127 (8 bits), or 63 (7 bits) on CPUs without VNNI, whose
   u8 kernels would overflow 16-bit sums at 8 (cpu.py). A token's result depends on that token
   alone: never on the padding or on the other sequences in the batch. For onednn-s8 in eager
-  mode the rounding is one pass of C (avx2.quantize, where bertlab's AVX2 kernels load) rather
-  than seven PyTorch operations, the same numbers bit for bit (docs/performance.md: the eager
-  int8 model at batch 1 on the Zen 4 EPYC);
+  mode (on torch._int_mm), where bertlab's AVX2 kernels load, the product is three calls
+  (``s8_product``): the rounding in one pass of C (avx2.quantize) rather than seven PyTorch
+  operations, the same numbers bit for bit; oneDNN's sums; the scales, the bias and the
+  product's epilogue (residual, layer norm) in one more pass (avx2.dequantize; measured in
+  docs/performance.md, the Zen 4 EPYC's int8);
 * the product: summed exactly in int32 by the CPU's int8 kernel (cpu.py chooses it: oneDNN's
   s8 x s8 kernels on VNNI or AMX, or fbgemm's, oneDNN's or bertlab's own (u8-avx2: avx2.py)
   u8 x s8 kernels from AVX2 up), on the weight prepacked once into the kernel's layout where
@@ -161,6 +163,8 @@ def int8_product(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None)
     if weight.kernel == "u8-avx2" and weight.packed is not None:  # rounds, sums, scales itself
         return avx2.qproduct(flat, weight.packed).view(*shape[:-1], out)  # (its bias is packed)
     smoothed = weight.unsmooth is not None
+    if s8_in_one_pass(weight, flat.shape[0]):
+        return s8_product(flat, weight, bias).view(*shape[:-1], out)
     if weight.kernel == "onednn-s8":
         if not tracing() and avx2.load() is None:  # the rounding in one pass (seven otherwise)
             q, scale = avx2.quantize(flat, weight.unsmooth, weight.levels)
@@ -190,6 +194,33 @@ def int8_product(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None)
                            "none", [], "")  # fmt: skip
     y = acc.mul_(scale) if bias is None else torch.addcmul(bias, acc, scale)
     return y.view(*shape[:-1], out)
+
+
+def s8_in_one_pass(weight: Int8Weight, rows: int) -> bool:
+    """onednn-s8's product of ``rows`` rows runs as ``s8_product``: eager, on torch._int_mm
+    (not the prepacked kernel), where bertlab's AVX2 kernels load."""
+    return (
+        weight.kernel == "onednn-s8"
+        and (weight.packed is None or rows <= S8_FEW_ROWS)
+        and not tracing()
+        and avx2.load() is None
+    )
+
+
+def s8_product(
+    flat: torch.Tensor,
+    weight: Int8Weight,
+    bias: torch.Tensor | None,
+    add: torch.Tensor | None = None,
+    gelu: bool = False,
+    norm: avx2.Norm | None = None,
+) -> torch.Tensor:
+    """(R, in) float32 -> (R, out): onednn-s8's product in three calls, the rounding in one
+    pass of C (avx2.quantize), oneDNN's int32 sums (torch._int_mm), then the scales, the bias
+    and the epilogue (GELU, ``add``, the layer norm ``norm``) in one more (avx2.dequantize)."""
+    q, scale = avx2.quantize(flat, weight.unsmooth, weight.levels)
+    acc = torch._int_mm(q, weight.int8)
+    return avx2.dequantize(acc, scale, weight.scale, bias, add, gelu, norm)
 
 
 def _op(namespace: str, name: str) -> Any:

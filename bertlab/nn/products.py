@@ -37,7 +37,8 @@ maps a dtype to its route):
               (precision.int8_product, on the CPU's int8 kernel), then the activation or the
               sum in place; layers that share their smoothing run as one product (the input
               rounded once). On bertlab's u8-avx2 kernel the GELU, the sum and the layer norm
-              run inside it, as on sgemm-avx2.
+              run inside it, as on sgemm-avx2; on onednn-s8 in eager mode the sum and the
+              layer norm run inside the pass that scales oneDNN's sums back (``_s8``).
     "module"  anything else: the layer is called as a module (its hooks run, autograd records
               it, an adapter such as LoRA wrapped around it computes, a compiler or exporter
               traces ``F.linear`` and fuses on its own, autocast picks its dtype), then the
@@ -76,7 +77,14 @@ from torch import nn
 from bertlab.nn import avx2, cpu
 from bertlab.nn.activations import ACTIVATIONS, activation_of
 from bertlab.nn.packing import round_rows, tracing
-from bertlab.nn.precision import Int8Linear, int8_product, int8_weight
+from bertlab.nn.precision import (
+    Int8Linear,
+    Int8Weight,
+    int8_product,
+    int8_weight,
+    s8_in_one_pass,
+    s8_product,
+)
 
 try:  # oneDNN's fused linear (the operator torch.compile uses for the same fusion on CPU)
     _linear_pointwise = torch.ops.mkldnn._linear_pointwise
@@ -198,6 +206,9 @@ def linear(
         weight, bias = int8_weight((layer,))
         if weight.kernel == "u8-avx2" and weight.packed is not None:
             return _qgemm(x, weight.packed, act, residual, norm)
+        if s8_in_one_pass(weight, x.numel() // x.shape[-1] if x.shape[-1] else 0):
+            n = weight.int8.shape[1]
+            return _fused(functools.partial(_s8, x, weight, bias, n), x, n, act, residual, norm)
         y = _epilogue(int8_product(x, weight, bias), act, residual)
     else:
         y = layer(x)
@@ -320,6 +331,31 @@ def _qgemm(
     x = x.float()
     n = layer.corr.shape[0]
     return _fused(functools.partial(avx2.qproduct, x, layer), x, n, act, residual, norm)
+
+
+def _s8(
+    x: torch.Tensor,
+    weight: Int8Weight,
+    bias: torch.Tensor | None,
+    n: int,
+    add: torch.Tensor | None,
+    gelu: bool,
+    norm: avx2.Norm | None,
+) -> torch.Tensor:
+    """onednn-s8's product of ``x`` with ``_fused``'s epilogue inside (precision.s8_product),
+    but for GELU, which PyTorch's own kernel applies after: on the Zen 4 EPYC, whose PyTorch
+    GELU is AVX-512 code, the pass with the AVX2 GELU inside timed slower than PyTorch's
+    operations."""
+    flat = x.reshape(-1, x.shape[-1]).float()
+    plus = None if add is None else add.reshape(-1, n)
+    if not gelu:
+        return s8_product(flat, weight, bias, plus, False, norm).view(*x.shape[:-1], n)
+    y = torch.ops.aten.gelu_(s8_product(flat, weight, bias))
+    if plus is not None:
+        y = y.add_(plus)
+    if norm is not None:
+        y = F.layer_norm(y, (n,), norm.weight, norm.bias, norm.eps)
+    return y.view(*x.shape[:-1], n)
 
 
 def _fused(
