@@ -45,10 +45,8 @@
 #define ROWS 6
 #define GROUP 64 /* bytes of a panel per group of 4 inputs */
 
-/* One row: t = a * unsmooth, s = max|t| / L (at least FLT_MIN), u = round(t / s) + L + 1, as
-   precision.py computes them (the same products, division and rounding to even). */
-static void quantize(const float *a, int64_t k, const float *unsmooth, int levels, uint8_t *u,
-                     int64_t kp, float *scale) {
+/* One row's scale: t = a * unsmooth, s = max|t| / L, at least FLT_MIN (a row of zeros). */
+static float row_scale(const float *a, int64_t k, const float *unsmooth, int levels) {
   const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   __m256 top = _mm256_setzero_ps();
   float last = 0.f;
@@ -58,19 +56,23 @@ static void quantize(const float *a, int64_t k, const float *unsmooth, int level
     if (unsmooth) t = _mm256_mul_ps(t, _mm256_loadu_ps(unsmooth + j));
     top = _mm256_max_ps(top, _mm256_and_ps(t, absmask));
   }
-  for (; j < k; j++) {
-    float t = unsmooth ? a[j] * unsmooth[j] : a[j];
-    last = fmaxf(last, fabsf(t));
-  }
+  for (; j < k; j++) last = fmaxf(last, fabsf(unsmooth ? a[j] * unsmooth[j] : a[j]));
   float lanes[8];
   _mm256_storeu_ps(lanes, top);
   for (int i = 0; i < 8; i++) last = fmaxf(last, lanes[i]);
-  float s = last / (float)levels;
-  if (!(s >= FLT_MIN)) s = FLT_MIN; /* (a row of zeros) */
+  const float s = last / (float)levels;
+  return s >= FLT_MIN ? s : FLT_MIN;
+}
+
+/* One row: t = a * unsmooth, s = row_scale, u = round(t / s) + L + 1, as precision.py computes
+   them (the same products, division and rounding to even). */
+static void quantize(const float *a, int64_t k, const float *unsmooth, int levels, uint8_t *u,
+                     int64_t kp, float *scale) {
+  const float s = row_scale(a, k, unsmooth, levels);
   *scale = s;
   const __m256 vs = _mm256_set1_ps(s);
   const __m256i shift = _mm256_set1_epi32(levels + 1);
-  j = 0;
+  int64_t j = 0;
   for (; j + 8 <= k; j += 8) {
     __m256 t = _mm256_loadu_ps(a + j);
     if (unsmooth) t = _mm256_mul_ps(t, _mm256_loadu_ps(unsmooth + j));
@@ -177,27 +179,14 @@ static void partial(int rows, int cols, const uint8_t *u, int64_t kp, const floa
 int bertlab_quantize(const float *a, int64_t m, int64_t k, const float *unsmooth, int levels,
                      int8_t *q, float *scale, int threads) {
   if (levels < 1 || levels > 127) return -1;
-  const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
 #pragma omp parallel for num_threads(threads) schedule(static) if (m * k >= 65536)
   for (int64_t r = 0; r < m; r++) {
     const float *row = a + r * k;
     int8_t *out = q + r * k;
-    __m256 top = _mm256_setzero_ps();
-    float last = 0.f;
-    int64_t j = 0;
-    for (; j + 8 <= k; j += 8) {
-      __m256 t = _mm256_loadu_ps(row + j);
-      if (unsmooth) t = _mm256_mul_ps(t, _mm256_loadu_ps(unsmooth + j));
-      top = _mm256_max_ps(top, _mm256_and_ps(t, absmask));
-    }
-    for (; j < k; j++) last = fmaxf(last, fabsf(unsmooth ? row[j] * unsmooth[j] : row[j]));
-    float lanes[8];
-    _mm256_storeu_ps(lanes, top);
-    for (int i = 0; i < 8; i++) last = fmaxf(last, lanes[i]);
-    float s = last / (float)levels;
-    if (!(s >= FLT_MIN)) s = FLT_MIN; /* (a row of zeros) */
+    const float s = row_scale(row, k, unsmooth, levels);
     scale[r] = s;
     const __m256 vs = _mm256_set1_ps(s);
+    int64_t j;
     for (j = 0; j + 8 <= k; j += 8) {
       __m256 t = _mm256_loadu_ps(row + j);
       if (unsmooth) t = _mm256_mul_ps(t, _mm256_loadu_ps(unsmooth + j));
