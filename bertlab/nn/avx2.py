@@ -329,13 +329,12 @@ def dequantize(
     wscale: torch.Tensor,
     bias: torch.Tensor | None = None,
     add: torch.Tensor | None = None,
-    gelu: bool = False,
     norm: Norm | None = None,
 ) -> torch.Tensor:
-    """int32 (R, N) sums of rows ``quantize`` rounded -> float32 (R, N): ``norm(act(acc wscale
-    ascale + bias) (+ add))``, ascale (R, 1) the rows' scales, wscale (N,) the weight's, act
-    GELU with erf where ``gelu``, ``norm`` a layer norm of each row or None: the int8 product's
-    scaling and its epilogue in one pass. Other shapes and dtypes are refused (ValueError)."""
+    """int32 (R, N) sums of rows ``quantize`` rounded -> float32 (R, N): ``norm(acc wscale
+    ascale + bias (+ add))``, ascale (R, 1) the rows' scales, wscale (N,) the weight's, ``norm``
+    a layer norm of each row or None: the int8 product's scaling and its epilogue in one pass.
+    Other shapes and dtypes are refused (ValueError)."""
     rows, n = acc.shape if acc.dim() == 2 else (-1, -1)
     if (
         acc.dtype != torch.int32
@@ -363,8 +362,8 @@ def dequantize(
     if rows and n:
         functions.dequantize(
             acc.data_ptr(), rows, n, ascale.data_ptr(), wscale.data_ptr(),
-            None if bias is None else bias.data_ptr(), bool(gelu),
-            None if add is None else add.data_ptr(), lnw, lnb, eps, out.data_ptr(),
+            None if bias is None else bias.data_ptr(), None if add is None else add.data_ptr(),
+            lnw, lnb, eps, out.data_ptr(),
             torch.get_num_threads(),
         )  # fmt: skip
     return out
@@ -553,7 +552,7 @@ def _build_and_load() -> object:
     rounding, back = lib.bertlab_quantize, lib.bertlab_dequantize
     rounding.argtypes = [ptr, i64, i64, ptr, i32, ptr, ptr, i32]
     rounding.restype = ctypes.c_int
-    back.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i32, ptr, ptr, ptr, f32, ptr, i32]
+    back.argtypes = [ptr, i64, i64, ptr, ptr, ptr, ptr, ptr, ptr, f32, ptr, i32]
     back.restype = None
     return SimpleNamespace(sgemm=sgemm, attention=attend, qgemm=qgemm, quantize=rounding,
                            dequantize=back, path=built)  # fmt: skip

@@ -200,10 +200,10 @@ int bertlab_quantize(const float *a, int64_t m, int64_t k, const float *unsmooth
 }
 
 /* Back from oneDNN's int32 sums of the rows bertlab_quantize rounded (acc: m x n, row-major):
-   c = norm(act(acc wscale ascale[r] + bias) (+ add)), act GELU (with erf) or none, norm a layer
-   norm of each row (n a multiple of 8) or none, the epilogue of sgemm_avx2.c, in one pass. */
+   c = norm(acc wscale ascale[r] + bias (+ add)), norm a layer norm of each row (n a multiple of
+   8) or none, in one pass. (No GELU: where oneDNN's s8 kernel runs, PyTorch's is AVX-512.) */
 void bertlab_dequantize(const int32_t *acc, int64_t m, int64_t n, const float *ascale,
-                        const float *wscale, const float *bias, int gelu, const float *add,
+                        const float *wscale, const float *bias, const float *add,
                         const float *lnw, const float *lnb, float eps, float *c, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static) if (m * n >= 16384)
   for (int64_t r = 0; r < m; r++) {
@@ -218,7 +218,6 @@ void bertlab_dequantize(const int32_t *acc, int64_t m, int64_t n, const float *a
                         _mm256_loadu_ps(wscale + j)),
           s);
       if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + j));
-      if (gelu) v = gelu8(v);
       if (plus) v = _mm256_add_ps(v, _mm256_loadu_ps(plus + j));
       _mm256_storeu_ps(out + j, v);
     }
@@ -234,9 +233,7 @@ void bertlab_dequantize(const int32_t *acc, int64_t m, int64_t n, const float *a
           _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)sums)),
                         _mm256_loadu_ps(ws)),
           s);
-      v = _mm256_add_ps(v, _mm256_loadu_ps(b));
-      if (gelu) v = gelu8(v);
-      v = _mm256_add_ps(v, _mm256_loadu_ps(more));
+      v = _mm256_add_ps(_mm256_add_ps(v, _mm256_loadu_ps(b)), _mm256_loadu_ps(more));
       _mm256_storeu_ps(y, v);
       memcpy(out + j, y, w * sizeof(float));
     }

@@ -166,7 +166,7 @@ def int8_product(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None)
     if s8_in_one_pass(weight, flat.shape[0]):
         return s8_product(flat, weight, bias).view(*shape[:-1], out)
     if weight.kernel == "onednn-s8":
-        if not tracing() and avx2.load() is None:  # the rounding in one pass (seven otherwise)
+        if _rounds_in_c():  # (prepacked, on more rows: the rounding in one pass all the same)
             q, scale = avx2.quantize(flat, weight.unsmooth, weight.levels)
         else:
             t = flat * weight.unsmooth if smoothed else flat
@@ -202,9 +202,13 @@ def s8_in_one_pass(weight: Int8Weight, rows: int) -> bool:
     return (
         weight.kernel == "onednn-s8"
         and (weight.packed is None or rows <= S8_FEW_ROWS)
-        and not tracing()
-        and avx2.load() is None
+        and _rounds_in_c()
     )
+
+
+def _rounds_in_c() -> bool:
+    """avx2.quantize can round here: eager (not traced), bertlab's AVX2 kernels loaded."""
+    return not tracing() and avx2.load() is None
 
 
 def s8_product(
@@ -212,15 +216,14 @@ def s8_product(
     weight: Int8Weight,
     bias: torch.Tensor | None,
     add: torch.Tensor | None = None,
-    gelu: bool = False,
     norm: avx2.Norm | None = None,
 ) -> torch.Tensor:
     """(R, in) float32 -> (R, out): onednn-s8's product in three calls, the rounding in one
     pass of C (avx2.quantize), oneDNN's int32 sums (torch._int_mm), then the scales, the bias
-    and the epilogue (GELU, ``add``, the layer norm ``norm``) in one more (avx2.dequantize)."""
+    and the epilogue (``add``, the layer norm ``norm``) in one more (avx2.dequantize)."""
     q, scale = avx2.quantize(flat, weight.unsmooth, weight.levels)
     acc = torch._int_mm(q, weight.int8)
-    return avx2.dequantize(acc, scale, weight.scale, bias, add, gelu, norm)
+    return avx2.dequantize(acc, scale, weight.scale, bias, add, norm)
 
 
 def _op(namespace: str, name: str) -> Any:

@@ -343,16 +343,14 @@ def _s8(
     norm: avx2.Norm | None,
 ) -> torch.Tensor:
     """onednn-s8's product of ``x`` with ``_fused``'s epilogue inside (precision.s8_product),
-    but for GELU, which PyTorch's own kernel applies after: on the Zen 4 EPYC, whose PyTorch
-    GELU is AVX-512 code, the pass with the AVX2 GELU inside timed slower than PyTorch's
-    operations."""
+    but for GELU, which PyTorch's own kernel applies after (``_fused`` asks for GELU without a
+    sum): where oneDNN's s8 kernel runs the CPU has AVX-512, and on the Zen 4 EPYC the pass with
+    an AVX2 GELU inside timed slower than PyTorch's operations."""
     flat = x.reshape(-1, x.shape[-1]).float()
-    plus = None if add is None else add.reshape(-1, n)
     if not gelu:
-        return s8_product(flat, weight, bias, plus, False, norm).view(*x.shape[:-1], n)
+        plus = None if add is None else add.reshape(-1, n)
+        return s8_product(flat, weight, bias, plus, norm).view(*x.shape[:-1], n)
     y = torch.ops.aten.gelu_(s8_product(flat, weight, bias))
-    if plus is not None:
-        y = y.add_(plus)
     if norm is not None:
         y = F.layer_norm(y, (n,), norm.weight, norm.bias, norm.eps)
     return y.view(*x.shape[:-1], n)
