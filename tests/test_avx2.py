@@ -481,13 +481,16 @@ def test_the_one_pass_rounding_gives_precision_pys_int8_rows_bit_for_bit(levels)
         avx2.quantize(x, unsmooth[:4], levels)
 
 
-def _onednn_s8_model():
-    """The small int8 model and its batch, where the policy's int8 kernel is onednn-s8 (else
-    the test skips, saying which kernel runs here)."""
+def _onednn_s8_model(monkeypatch):
+    """The small int8 model and its batch, on onednn-s8 (forced, as BERTLAB_INT8_KERNEL would:
+    the test skips, saying why, where this CPU cannot run it)."""
     from bertlab.nn import precision
 
-    if cpu.current().int8_kernel != "onednn-s8":
-        pytest.skip(f"the int8 kernel here is {cpu.current().int8_kernel}, not onednn-s8")
+    policy = cpu.policy(cpu.features(), {"BERTLAB_INT8_KERNEL": "onednn-s8"})
+    if policy.int8_kernel is None:
+        pytest.skip(policy.int8_why)
+    monkeypatch.setattr(cpu, "_CURRENT", [policy])
+    monkeypatch.setattr(precision, "_KERNEL", [])
     model, ids, mask = small_encoder(torch.float32)
     return precision.quantize_int8(model), ids, mask
 
@@ -499,7 +502,7 @@ def test_eager_onednn_s8_products_round_in_one_pass_and_keep_their_numbers(monke
     model rounding with PyTorch's operations (the same int8 rows, the same sums)."""
     from bertlab.nn import precision
 
-    q, ids, mask = _onednn_s8_model()
+    q, ids, mask = _onednn_s8_model(monkeypatch)
     calls = []
     real = avx2.quantize
     monkeypatch.setattr(avx2, "quantize", lambda *a: calls.append(1) or real(*a))
@@ -551,7 +554,7 @@ def test_eager_onednn_s8_layers_run_in_three_calls_with_the_unfused_numbers(monk
     those of the operations it replaced within float32 rounding."""
     from bertlab.nn import precision
 
-    q, ids, mask = _onednn_s8_model()
+    q, ids, mask = _onednn_s8_model(monkeypatch)
     calls = []
     real = precision.s8_product
     monkeypatch.setattr(products, "s8_product", lambda *a: calls.append(1) or real(*a))

@@ -41,9 +41,18 @@ def on_kernels(monkeypatch):
     monkeypatch.setattr(precision, "_KERNEL", [])
 
 
+NO_VNNI = not avx2.VNNI_FLAGS <= cpu.features().flags
+
+
 @needs_ops
 @pytest.mark.parametrize("shape", [(21, 384), (2, 5, 64), (1, 8)])
-def test_each_operator_gives_its_kernels_bits(shape):
+@pytest.mark.parametrize(
+    ("vnni", "levels"),
+    [(False, 63), pytest.param(True, 127, marks=pytest.mark.skipif(
+        NO_VNNI, reason=f"u8-vnni needs AVX512-VNNI and AVX512-VL; this CPU is "
+        f"{cpu.current().cpu_class}"))],
+)  # fmt: skip
+def test_each_operator_gives_its_kernels_bits(shape, vnni, levels):
     g = torch.Generator().manual_seed(0)
     k, n = shape[-1], 48
     x = torch.randn(*shape, generator=g)
@@ -52,8 +61,8 @@ def test_each_operator_gives_its_kernels_bits(shape):
     norm = avx2.Norm(torch.rand(n, generator=g) + 0.5, torch.randn(n, generator=g), 1e-12)
     panels = avx2.pack(w)
     layer = avx2.pack_int8(torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8),
-                           torch.rand(n, generator=g) / 100, b, 63,
-                           torch.rand(k, generator=g) + 0.5)  # fmt: skip
+                           torch.rand(n, generator=g) / 100, b, levels,
+                           torch.rand(k, generator=g) + 0.5, vnni=vnni)  # fmt: skip
     sgemm, qgemm = torch.ops.bertlab.sgemm, torch.ops.bertlab.qgemm
     for plus, gelu, ln in [(None, False, None), (add, False, norm), (None, True, None),
                            (None, True, norm), (add, False, None)]:  # fmt: skip
@@ -62,7 +71,7 @@ def test_each_operator_gives_its_kernels_bits(shape):
         assert torch.equal(sgemm(x, panels, b, n, plus, gelu, lnw, lnb, eps), want)
         want = avx2.qproduct(x, layer, plus, gelu, ln)
         got = qgemm(x, layer.panels, layer.corr, layer.scale, layer.bias, layer.unsmooth,
-                    layer.levels, layer.inputs, plus, gelu, lnw, lnb, eps)  # fmt: skip
+                    layer.levels, layer.vnni, layer.inputs, plus, gelu, lnw, lnb, eps)  # fmt: skip
         assert torch.equal(got, want) and got.shape == (*shape[:-1], n)
 
 
@@ -81,8 +90,11 @@ def test_bad_arguments_are_refused_by_name():
         torch.ops.bertlab.sgemm(x, panels, torch.zeros(39), 40, None, False, None, None, 0.0)
     layer = avx2.pack_int8(torch.zeros(40, 32, dtype=torch.int8), torch.ones(40), None, 63)
     with pytest.raises(RuntimeError, match="bertlab::qgemm: levels 64 outside 1..63"):
-        torch.ops.bertlab.qgemm(x, layer.panels, layer.corr, layer.scale, None, None, 64, 32,
-                                None, False, None, None, 0.0)  # fmt: skip
+        torch.ops.bertlab.qgemm(x, layer.panels, layer.corr, layer.scale, None, None, 64, False,
+                                32, None, False, None, None, 0.0)  # fmt: skip
+    with pytest.raises(RuntimeError, match="bertlab::qgemm: levels 128 outside 1..127"):
+        torch.ops.bertlab.qgemm(x, layer.panels, layer.corr, layer.scale, None, None, 128, True,
+                                32, None, False, None, None, 0.0)  # fmt: skip
 
 
 def _heads(t: torch.Tensor, heads: int) -> torch.Tensor:

@@ -126,6 +126,9 @@ def test_a_bfloat16_cpu_without_onednn_bf16_is_not_native():
         ("x86", "fbgemm-u8", "needs AVX2"),
         ("x86", "onednn-u8", "needs AVX2"),
         ("x86", "u8-avx2", "needs AVX2 and FMA"),
+        ("avx2", "u8-vnni", "needs AVX512-VNNI and AVX512-VL"),
+        ("avx512", "u8-vnni", "needs AVX512-VNNI and AVX512-VL"),
+        ("arm", "u8-vnni", "runs on x86 CPUs; this one is aarch64"),
         ("arm", "u8-avx2", "runs on x86 CPUs; this one is aarch64"),
         ("arm", "fbgemm-u8", "runs on x86 CPUs; this one is aarch64"),
     ],
@@ -146,7 +149,8 @@ def test_forcing_a_kernel_the_cpu_lacks_is_refused_by_name(cls, kernel, missing,
     ("cls", "kernel", "levels"),
     [("amx", "fbgemm-u8", 127), ("amx", "onednn-u8", 127), ("avx2", "onednn-u8", 63),
      ("avx2-vnni", "fbgemm-u8", 63), ("avx512", "onednn-u8", 63), ("amx", "u8-avx2", 63),
-     ("avx2", "u8-avx2", 63), ("avx512", "u8-avx2", 63)],
+     ("avx2", "u8-avx2", 63), ("avx512", "u8-avx2", 63), ("amx", "u8-vnni", 127),
+     ("avx512-vnni", "u8-vnni", 127)],
 )  # fmt: skip
 def test_a_kernel_the_cpu_has_can_be_forced_with_its_own_activation_width(cls, kernel, levels):
     p = cpu.policy(CLASSES[cls][0], environ={"BERTLAB_INT8_KERNEL": f" {kernel.upper()} "})
@@ -161,7 +165,7 @@ def test_an_unknown_kernel_name_is_refused_listing_the_choices():
     assert p.int8_kernel is None
     assert p.int8_why == (
         "BERTLAB_INT8_KERNEL=mlas is not a kernel; choose auto or one of "
-        "onednn-s8, u8-avx2, fbgemm-u8, onednn-u8"
+        "onednn-s8, u8-vnni, u8-avx2, fbgemm-u8, onednn-u8"
     )
     assert cpu.policy(CLASSES["amx"][0], environ={"BERTLAB_INT8_KERNEL": "auto"}).int8_kernel
 
@@ -233,6 +237,25 @@ def test_the_few_rows_kernel_can_be_forced_and_one_that_cannot_run_is_refused_by
         cpu.policy(replace(intel, mkl=False), environ={"BERTLAB_FEW_ROWS": "mkl"})
     with pytest.raises(ValueError, match=r"BERTLAB_FEW_ROWS=onednn: .* this CPU \(arm\)"):
         cpu.policy(CLASSES["arm"][0], environ={"BERTLAB_FEW_ROWS": "onednn"})
+
+
+def test_zen4_takes_bertlabs_own_vnni_int8_kernel_with_onednns_behind_it():
+    """On AMD's AVX-512 CPUs of family 25 (Zen 4, half_width_avx512) int8 runs on u8-vnni,
+    measured faster than onednn-s8 there at batch 1 (docs/performance.md), with 8-bit
+    activations, onednn-s8 as the kernel taken where it cannot be built, and the compiled program
+    calling it on batches of at most 128 positions; Zen 5 (family 26), Intel's and unknown CPUs
+    keep onednn-s8."""
+    zen4 = replace(CLASSES["avx512-bf16"][0], vendor="AuthenticAMD", family=25)
+    p = cpu.policy(zen4, environ={})
+    assert (p.int8_kernel, p.int8_fallback, p.int8_levels) == ("u8-vnni", "onednn-s8", 127)
+    assert p.describe()["int8_activation_bits"] == 8
+    assert "int8" in p.compiled and p.compiled_tokens == {"float32": 128, "int8": 128}
+    p = cpu.policy(replace(zen4, flags=zen4.flags - {"avx512_vl"}), environ={})
+    assert p.int8_kernel == "onednn-s8"  # (VPDPBUSD's 256-bit form needs AVX512-VL)
+    for vendor, family in (("AuthenticAMD", 26), ("GenuineIntel", 6), ("", None)):
+        p = cpu.policy(replace(zen4, vendor=vendor, family=family), environ={})
+        assert (p.int8_kernel, p.int8_fallback) == ("onednn-s8", None)
+        assert "int8" not in p.compiled_tokens  # (onednn-s8's program runs every size)
 
 
 @pytest.mark.parametrize("cls", list(CLASSES))

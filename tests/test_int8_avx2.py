@@ -1,6 +1,8 @@
-"""bertlab's own int8 kernel for AVX2 CPUs (u8-avx2: bertlab/nn/int8_avx2.c, avx2.qproduct):
-the rounding of the activations and the int32 sums equal precision.py's arithmetic to the bit at
-every block and panel shape, on every thread count and at the largest values VPMADDUBSW meets;
+"""bertlab's own int8 kernels (bertlab/nn/int8_avx2.c, avx2.qproduct): u8-avx2 for AVX2 CPUs,
+and u8-vnni, the same kernel summing with VPDPBUSD where the CPU has AVX512-VNNI (8-bit
+activations). The rounding of the activations and the int32 sums equal precision.py's arithmetic
+to the bit at every block and panel shape, on every thread count and at the largest values
+VPMADDUBSW and VPDPBUSD meet;
 GELU and the residual inside it; bad shapes and levels refused by name; the model on it (routed,
 fused, as close to float32 as fbgemm's kernel); and where it cannot be built, the policy's
 fallback kernel with a warning, or, where it was forced, an error saying why. The policy that
@@ -20,6 +22,20 @@ from bertlab.nn.precision import Int8Linear, quantize_int8
 WHY = avx2.load()
 needs_kernel = pytest.mark.skipif(WHY is not None, reason=f"u8-avx2 cannot run here: {WHY}")
 TINY = torch.finfo(torch.float32).tiny
+NO_VNNI = not avx2.VNNI_FLAGS <= cpu.features().flags
+VNNI_SKIP = pytest.mark.skipif(
+    NO_VNNI,
+    reason=f"u8-vnni needs AVX512-VNNI and AVX512-VL; this CPU is {cpu.current().cpu_class}",
+)
+OWN = [pytest.param("u8-avx2"), pytest.param("u8-vnni", marks=VNNI_SKIP)]  # the kernels
+# (vnni, levels): u8-avx2's VPMADDUBSW at 7 bits, u8-vnni's VPDPBUSD at 7 and at 8 bits
+KINDS = [
+    pytest.param(False, 63, id="u8-avx2"),
+    *(
+        pytest.param(True, levels, id=f"u8-vnni-{levels}", marks=VNNI_SKIP)
+        for levels in (63, 127)
+    ),
+]  # fmt: skip
 
 
 def case(rows, k, n, seed=0, spread=3.0):
@@ -59,24 +75,28 @@ def reference(x, w, scale, bias, levels, unsmooth=None):
         (6, 8, 16),  # inputs shorter than one vector
     ],
 )
-def test_the_product_equals_precision_pys_arithmetic_to_the_bit(rows, k, n):
+@pytest.mark.parametrize(("vnni", "levels"), KINDS)
+def test_the_product_equals_precision_pys_arithmetic_to_the_bit(rows, k, n, vnni, levels):
     x, w, scale, bias, unsmooth = case(rows, k, n)
     for b in (bias, None):
         for u in (None, unsmooth):
-            packed = avx2.pack_int8(w, scale, b, 63, u)
+            packed = avx2.pack_int8(w, scale, b, levels, u, vnni=vnni)
             assert packed.panels.shape == (-(-n // 16), -(-k // 4), 16, 4)
             assert packed.panels.dtype == torch.int8 and packed.inputs == k
-            assert torch.equal(packed.corr, w.sum(1, dtype=torch.int32) * 64)
+            assert torch.equal(packed.corr, w.sum(1, dtype=torch.int32) * (levels + 1))
             got = avx2.qproduct(x, packed)
             assert got.shape == (rows, n) and got.dtype == torch.float32
-            assert torch.equal(got, reference(x, w, scale, b, 63, u)), (b is None, u is None)
+            want = reference(x, w, scale, b, levels, u)
+            assert torch.equal(got, want), (b is None, u is None)
 
 
 @needs_kernel
-def test_the_largest_values_do_not_saturate_the_16_bit_pairs():
-    """Every activation at the top level (u = 127 after the shift) against weights of +127 and
-    -127: each VPMADDUBSW pair reaches +-32,258, the most it meets; the sums stay exact. A row
-    of zeros takes the smallest scale and gives the bias."""
+@pytest.mark.parametrize(("vnni", "levels"), KINDS)
+def test_the_largest_values_do_not_saturate(vnni, levels):
+    """Every activation at the top level (u = 2 levels + 1 after the shift) against weights of
+    +127 and -127: each VPMADDUBSW pair reaches +-32,258 at 7 bits, the most it meets, and
+    VPDPBUSD's 4 products +-129,540 at 8; the sums stay exact. A row of zeros takes the smallest
+    scale and gives the bias."""
     k, n = 256, 32
     x = torch.full((3, k), 5.0)
     x[1] = -5.0
@@ -84,17 +104,19 @@ def test_the_largest_values_do_not_saturate_the_16_bit_pairs():
     w = torch.full((n, k), 127, dtype=torch.int8)
     w[n // 2 :] = -127
     scale, bias = torch.full((n,), 0.5), torch.arange(n, dtype=torch.float32)
-    got = avx2.qproduct(x, avx2.pack_int8(w, scale, bias, 63))
-    want = reference(x, w, scale, bias, 63)
+    got = avx2.qproduct(x, avx2.pack_int8(w, scale, bias, levels, vnni=vnni))
+    want = reference(x, w, scale, bias, levels)
     assert torch.equal(got, want)
-    assert got[0, 0] == 63 * 127 * k * 0.5 * (5.0 / 63) + 0  # (the sum itself, by hand)
+    # (the sum by hand: levels x 127 x k, times the scales 0.5 and 5 / levels)
+    assert got[0, 0] == pytest.approx(127 * k * 0.5 * 5.0, rel=1e-6)
     assert torch.equal(got[2], bias)
 
 
 @needs_kernel
-def test_gelu_and_the_residual_inside_the_kernel():
+@pytest.mark.parametrize(("vnni", "levels"), KINDS)
+def test_gelu_and_the_residual_inside_the_kernel(vnni, levels):
     x, w, scale, bias, unsmooth = case(21, 384, 1536, seed=1)
-    packed = avx2.pack_int8(w, scale, bias, 63, unsmooth)
+    packed = avx2.pack_int8(w, scale, bias, levels, unsmooth, vnni=vnni)
     plain = avx2.qproduct(x, packed)
     add = torch.randn(21, 1536)
     assert torch.equal(avx2.qproduct(x, packed, add=add), plain + add)
@@ -106,9 +128,10 @@ def test_gelu_and_the_residual_inside_the_kernel():
 
 
 @needs_kernel
-def test_every_thread_count_leading_dimensions_and_no_rows():
+@pytest.mark.parametrize(("vnni", "levels"), KINDS)
+def test_every_thread_count_leading_dimensions_and_no_rows(vnni, levels):
     x, w, scale, bias, unsmooth = case(30, 96, 40, seed=2)
-    packed = avx2.pack_int8(w, scale, bias, 63, unsmooth)
+    packed = avx2.pack_int8(w, scale, bias, levels, unsmooth, vnni=vnni)
     before = torch.get_num_threads()
     try:
         outs = []
@@ -121,7 +144,8 @@ def test_every_thread_count_leading_dimensions_and_no_rows():
     three = avx2.qproduct(x.view(5, 6, 96), packed)
     assert three.shape == (5, 6, 40) and torch.equal(three.view(30, 40), outs[0])
     view = torch.randn(30, 200)[:, 7:103]  # rows apart in memory: copied, same numbers
-    assert torch.equal(avx2.qproduct(view, packed), reference(view, w, scale, bias, 63, unsmooth))
+    want = reference(view, w, scale, bias, levels, unsmooth)
+    assert torch.equal(avx2.qproduct(view, packed), want)
     assert avx2.qproduct(x[:0], packed).shape == (0, 40)
 
 
@@ -156,15 +180,24 @@ def test_what_does_not_fit_is_refused_naming_it():
             avx2.qproduct(**args)
     with pytest.raises(ValueError, match="avx2.qproduct: levels 64 outside 1..63"):
         avx2.qproduct(x, packed._replace(levels=64))  # (changed after it was packed)
+    with pytest.raises(ValueError, match=r"levels 128: .* levels 1..127 \(VNNI\)"):
+        avx2.pack_int8(w, scale, bias, 128, unsmooth, vnni=True)  # (VPDPBUSD: 8 bits at most)
+    vnni = avx2.pack_int8(w, scale, bias, 127, unsmooth, vnni=True)
+    if NO_VNNI:  # (the kernel asks the CPU itself: never an illegal instruction)
+        with pytest.raises(RuntimeError, match="packed for VNNI, which this CPU does not have"):
+            avx2.qproduct(x, vnni)
+    with pytest.raises(ValueError, match="avx2.qproduct: levels 128 outside 1..127"):
+        avx2.qproduct(x, vnni._replace(levels=128))
 
 
-def on_u8(monkeypatch, fallback="fbgemm-u8", forced=False):
-    """The policy of this machine with u8-avx2 as its int8 kernel (or forced: no fallback)."""
+def on_u8(monkeypatch, fallback="fbgemm-u8", forced=False, kernel="u8-avx2"):
+    """The policy of this machine with ``kernel`` (u8-avx2 or u8-vnni) as its int8 kernel (or
+    forced: no fallback)."""
     policy = dataclasses.replace(
         cpu.current(),
-        int8_kernel="u8-avx2",
+        int8_kernel=kernel,
         int8_why=None,
-        int8_levels=63,
+        int8_levels=cpu.int8_levels(kernel, cpu.features()),
         int8_fallback=None if forced else fallback,
     )
     monkeypatch.setattr(cpu, "_CURRENT", [policy])
@@ -186,17 +219,20 @@ def spy(monkeypatch):
 
 
 @needs_kernel
-def test_the_model_on_u8_avx2_runs_every_product_there_fused_and_close_to_float32(monkeypatch):
-    """A quantized model on u8-avx2: each layer's query-key-value as one product (and the
-    pooler's), the two layer norms, the two
-    residual sums and the GELU inside the kernel; the hidden states as close to float32's as
-    the same model's on precision.py's own arithmetic (the traced form, which the kernel
-    equals product by product)."""
-    on_u8(monkeypatch)
+@pytest.mark.parametrize("kernel", OWN)
+def test_the_model_on_its_own_kernel_runs_every_product_there_fused_close_to_float32(
+    monkeypatch, kernel
+):
+    """A quantized model on u8-avx2 or u8-vnni: each layer's query-key-value as one product
+    (and the pooler's), the two layer norms, the two residual sums and the GELU inside the
+    kernel; the hidden states as close to float32's as the same model's on precision.py's own
+    arithmetic (the traced form, which the kernel equals product by product)."""
+    on_u8(monkeypatch, kernel=kernel)
     calls = spy(monkeypatch)
     model, ids, mask = small_encoder(torch.float32)
     q = quantize_int8(model)
-    assert q.int8_report["kernel"].startswith("u8-avx2 (7-bit activations")
+    bits = 8 if kernel == "u8-vnni" else 7
+    assert q.int8_report["kernel"].startswith(f"{kernel} ({bits}-bit activations")
     with torch.inference_mode():
         got = q(ids, mask).last_hidden_state
         want = model(ids, mask).last_hidden_state
@@ -216,7 +252,8 @@ def test_the_model_on_u8_avx2_runs_every_product_there_fused_and_close_to_float3
 
 
 @needs_kernel
-def test_the_bundled_model_on_u8_avx2_keeps_its_embeddings(monkeypatch):
+@pytest.mark.parametrize("kernel", OWN)
+def test_the_bundled_model_on_its_own_kernel_keeps_its_embeddings(monkeypatch, kernel):
     """Real SST-2 sentences through the bundled model, calibrated: the mean embedding cosine
     to float32 meets the issue's 0.995."""
     import bertlab
@@ -225,7 +262,7 @@ def test_the_bundled_model_on_u8_avx2_keeps_its_embeddings(monkeypatch):
     from bertlab.nn.precision import text_batches
     from bertlab.pipelines import pipeline
 
-    on_u8(monkeypatch)
+    on_u8(monkeypatch, kernel=kernel)
     path = resolve_model_dir("default")
     tokenizer = bertlab.BertTokenizer.from_pretrained(path)
     model = bertlab.BertModel.from_pretrained(path).eval()

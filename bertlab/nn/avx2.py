@@ -17,8 +17,9 @@ Where ``cpu.current().float32_kernel`` is ``"sgemm-avx2"`` (the avx2 class of AM
 and PyTorch's attention kernel ran slower than these: docs/performance.md), products.py sends
 every float32 product to ``product`` and attention.py's packed kernel sends inference batches
 whose sequences are at most ATTENTION_TOKENS long to ``attention``. Where precision.py's int8
-kernel is ``"u8-avx2"`` (chosen on AMD's AVX2 CPUs: cpu.py), an int8 model's products run on
-``qproduct``. The kernels are C, beside this file, each read in a sitting:
+kernel is ``"u8-avx2"`` (chosen on AMD's AVX2 CPUs: cpu.py) or ``"u8-vnni"`` (AMD's Zen 4), an
+int8 model's products run on ``qproduct``. The kernels are C, beside this file, each read in a
+sitting:
 
 * sgemm_avx2.c: one loop of AVX2 fused multiply-adds over 6 rows x 16 columns. It sums each
   output's terms in order, then adds the bias, so its results differ from oneDNN's and PyTorch's
@@ -28,7 +29,9 @@ kernel is ``"u8-avx2"`` (chosen on AMD's AVX2 CPUs: cpu.py), an int8 model's pro
 * int8_avx2.c: precision.py's int8 product (per-token activations rounded to 7 bits, inside the
   call; per-channel int8 weights; sums exact in int32) with VPMADDUBSW and VPMADDWD over 6 rows
   x 16 columns, its float32 arithmetic that of precision.py to the bit; GELU and the residual
-  applied inside it as in sgemm_avx2.c;
+  applied inside it as in sgemm_avx2.c. On a layer packed for VNNI (u8-vnni) the same loop sums
+  with VPDPBUSD (AVX512-VNNI and AVX512-VL, in functions compiled for them alone, called only
+  where the CPU reports both), and the activations keep 8 bits;
 * attention_avx2.c: softmax(q k^T / sqrt(D)) v for each (sequence, head) on its own, over that
   sequence's tokens only: no padding, no masks, no gathered windows. Its e^x is a polynomial
   (about 1 ulp), so its results differ from PyTorch's by rounding only.
@@ -180,8 +183,10 @@ def product(
     return out
 
 
-QGROUP = 4  # inputs an int8 panel holds per step (VPMADDUBSW then VPMADDWD sum 4 products)
+QGROUP = 4  # inputs an int8 panel holds per step (VPMADDUBSW then VPMADDWD, or VPDPBUSD, sum 4)
 INT8_LEVELS = 63  # the most levels ``qproduct`` rounds activations to (7 bits: int8_avx2.c)
+VNNI_LEVELS = 127  # the same with VNNI (``vnni``: 8 bits, summed by VPDPBUSD)
+VNNI_FLAGS = frozenset({"avx512_vnni", "avx512_vl"})  # what the VNNI form needs (cpu.features)
 
 
 class Int8Panels(NamedTuple):
@@ -195,6 +200,7 @@ class Int8Panels(NamedTuple):
     unsmooth: torch.Tensor | None  # (K,) float32: x is multiplied by it before it is rounded
     levels: int  # activations are rounded to -levels..levels
     inputs: int  # K
+    vnni: bool = False  # summed with VPDPBUSD (AVX512-VNNI): levels up to 127
 
 
 def pack_int8(
@@ -203,18 +209,21 @@ def pack_int8(
     bias: torch.Tensor | None,
     levels: int,
     unsmooth: torch.Tensor | None = None,
+    vnni: bool = False,
 ) -> Int8Panels:
     """(N, K) int8 weight, its (N,) scales and bias -> the layer as ``qproduct`` reads it: panel
     p holds, for each group of 4 inputs, the 4 weights of each of columns 16p..16p+15 (zeros
     past N and K: the layout int8_avx2.c reads), with the corrections, (levels + 1) times each
     row's sum (the share of the zero point the activations are shifted by), for activations
-    rounded to -levels..levels (1..63) after they are multiplied by ``unsmooth`` (K,) if given.
+    rounded to -levels..levels (1..63; 1..127 where ``vnni``: summed with VPDPBUSD, which
+    needs AVX512-VNNI and AVX512-VL) after they are multiplied by ``unsmooth`` (K,) if given.
     ValueError, naming them, for shapes, dtypes or levels that do not fit."""
     n, k = weight.shape if weight.dim() == 2 else (0, 0)
+    most = VNNI_LEVELS if vnni else INT8_LEVELS
     if (
         weight.dim() != 2
         or weight.dtype != torch.int8
-        or not 1 <= levels <= INT8_LEVELS
+        or not 1 <= levels <= most
         or any(
             t is not None and (t.dtype != torch.float32 or t.shape != (size,))
             for t, size in ((scale, n), (bias, n), (unsmooth, k))
@@ -226,7 +235,7 @@ def pack_int8(
             f"{None if bias is None else (tuple(bias.shape), bias.dtype)}, unsmooth "
             f"{None if unsmooth is None else (tuple(unsmooth.shape), unsmooth.dtype)}, levels "
             f"{levels}: an (N, K) int8 weight, float32 scale and bias (N,), unsmooth (K,), "
-            f"levels 1..{INT8_LEVELS}"
+            f"levels 1..{most}{' (VNNI)' if vnni else ''}"
         )
     w = weight.detach()
     rows, cols = -(-n // PANEL) * PANEL, -(-k // QGROUP) * QGROUP
@@ -235,7 +244,7 @@ def pack_int8(
     panels = w.view(rows // PANEL, PANEL, cols // QGROUP, QGROUP).transpose(1, 2).contiguous()
     corr = weight.sum(1, dtype=torch.int32).mul_(levels + 1)
     own = [None if t is None else t.detach().contiguous() for t in (scale, bias, unsmooth)]
-    return Int8Panels(panels, corr, own[0], own[1], own[2], levels, k)
+    return Int8Panels(panels, corr, own[0], own[1], own[2], levels, k, bool(vnni))
 
 
 def qproduct(
@@ -264,8 +273,8 @@ def qproduct(
     if tracing():  # (a program bertlab compiles: nn/compiled.py)
         w, b, eps = (None, None, 0.0) if norm is None else norm
         return torch.ops.bertlab.qgemm(x, layer.panels, layer.corr, layer.scale, layer.bias,
-                                       layer.unsmooth, layer.levels, layer.inputs, add,
-                                       bool(gelu), w, b, float(eps))  # fmt: skip
+                                       layer.unsmooth, layer.levels, layer.vnni, layer.inputs,
+                                       add, bool(gelu), w, b, float(eps))  # fmt: skip
     lnw, lnb, eps = _norm(norm, n, "qproduct")
     x = x.contiguous()
     rows = math.prod(x.shape[:-1])
@@ -278,13 +287,19 @@ def qproduct(
         bias, unsmooth = layer.bias, layer.unsmooth
         status = _kernels().qgemm(
             x.data_ptr(), rows, layer.inputs, None if unsmooth is None else unsmooth.data_ptr(),
-            layer.levels, layer.panels.data_ptr(), layer.corr.data_ptr(), layer.scale.data_ptr(),
-            n, None if bias is None else bias.data_ptr(), bool(gelu),
+            layer.levels, layer.vnni, layer.panels.data_ptr(), layer.corr.data_ptr(),
+            layer.scale.data_ptr(), n, None if bias is None else bias.data_ptr(), bool(gelu),
             None if add is None else add.data_ptr(), lnw, lnb, eps, out.data_ptr(), address,
             address + rows * width, torch.get_num_threads(),
         )  # fmt: skip
+        if status == -2:
+            raise RuntimeError(
+                "avx2.qproduct: the layer is packed for VNNI, which this CPU does not have "
+                "(AVX512-VNNI and AVX512-VL)"
+            )
         if status:  # (pack_int8 checked them: a layer changed since)
-            raise ValueError(f"avx2.qproduct: levels {layer.levels} outside 1..{INT8_LEVELS}")
+            most = VNNI_LEVELS if layer.vnni else INT8_LEVELS
+            raise ValueError(f"avx2.qproduct: levels {layer.levels} outside 1..{most}")
     return out
 
 
@@ -546,8 +561,8 @@ def _build_and_load() -> object:
     sgemm.argtypes = [ptr, i64, i64, ptr, i64, ptr, i32, ptr, ptr, ptr, f32, ptr, i32]
     attend.argtypes = [ptr, i64, ptr, i64, ptr, i64, ptr, i64, ptr, i64, i64, i64, i64, i64,
                        f32, ptr, i32]  # fmt: skip
-    qgemm.argtypes = [ptr, i64, i64, ptr, i32, ptr, ptr, ptr, i64, ptr, i32, ptr, ptr, ptr, f32,
-                      ptr, ptr, ptr, i32]  # fmt: skip
+    qgemm.argtypes = [ptr, i64, i64, ptr, i32, i32, ptr, ptr, ptr, i64, ptr, i32, ptr, ptr, ptr,
+                      f32, ptr, ptr, ptr, i32]  # fmt: skip
     sgemm.restype, attend.restype, qgemm.restype = None, ctypes.c_int, ctypes.c_int
     rounding, back = lib.bertlab_quantize, lib.bertlab_dequantize
     rounding.argtypes = [ptr, i64, i64, ptr, i32, ptr, ptr, i32]
@@ -622,7 +637,7 @@ def _sgemm_shape(x, panels, bias, n, add, gelu, lnw, lnb, eps):  # noqa: ANN001,
     return x.new_empty(*x.shape[:-1], n)
 
 
-def _qgemm_shape(x, panels, corr, scale, bias, unsmooth, levels, k, add, gelu, lnw, lnb, eps):  # noqa: ANN001, ANN202
+def _qgemm_shape(x, panels, corr, scale, bias, unsmooth, levels, vnni, k, add, gelu, lnw, lnb, eps):  # noqa: ANN001, ANN202, E501
     return x.new_empty(*x.shape[:-1], corr.shape[0])
 
 

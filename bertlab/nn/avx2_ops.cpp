@@ -22,8 +22,8 @@ void bertlab_sgemm(const float *a, int64_t m, int64_t k, const float *panels, in
                    const float *bias, int gelu, const float *add, const float *lnw,
                    const float *lnb, float eps, float *c, int threads);
 int bertlab_qgemm(const float *a, int64_t m, int64_t k, const float *unsmooth, int levels,
-                  const int8_t *panels, const int32_t *corr, const float *wscale, int64_t n,
-                  const float *bias, int gelu, const float *add, const float *lnw,
+                  int vnni, const int8_t *panels, const int32_t *corr, const float *wscale,
+                  int64_t n, const float *bias, int gelu, const float *add, const float *lnw,
                   const float *lnb, float eps, float *c, uint8_t *qa, float *ascale,
                   int threads);
 int bertlab_attention(const float *q, int64_t ldq, const float *k, int64_t ldk, const float *v,
@@ -84,7 +84,7 @@ at::Tensor sgemm(const at::Tensor &x, const at::Tensor &panels, const std::optio
 
 at::Tensor qgemm(const at::Tensor &x, const at::Tensor &panels, const at::Tensor &corr,
                  const at::Tensor &scale, const std::optional<at::Tensor> &bias,
-                 const std::optional<at::Tensor> &unsmooth, int64_t levels, int64_t k,
+                 const std::optional<at::Tensor> &unsmooth, int64_t levels, bool vnni, int64_t k,
                  const std::optional<at::Tensor> &add, bool gelu,
                  const std::optional<at::Tensor> &lnw, const std::optional<at::Tensor> &lnb,
                  double eps) {
@@ -93,21 +93,24 @@ at::Tensor qgemm(const at::Tensor &x, const at::Tensor &panels, const at::Tensor
                   panels.numel() == (n + PANEL - 1) / PANEL * PANEL * width,
               "bertlab::qgemm: panels ", panels.sizes(), " do not fit ", k, " inputs and ", n,
               " outputs");
-  TORCH_CHECK(levels >= 1 && levels <= 63, "bertlab::qgemm: levels ", levels, " outside 1..63");
+  const int64_t most = vnni ? 127 : 63;
+  TORCH_CHECK(levels >= 1 && levels <= most, "bertlab::qgemm: levels ", levels, " outside 1..",
+              most);
   TORCH_CHECK(!lnw.has_value() || n % 8 == 0, "bertlab::qgemm: a layer norm needs n % 8 == 0");
   auto [a, out] = frame(x, k, n, add, "qgemm");
   const int64_t rows = k ? a.numel() / k : 0;
   if (rows && n) {
     thread_local std::vector<uint8_t> scratch;  // the rounded rows, then their scales
     scratch.resize(rows * (width + 4));
-    bertlab_qgemm(a.data_ptr<float>(), rows, k, ptr<float>(unsmooth, at::kFloat, k, "unsmooth"),
-                  (int)levels, panels.data_ptr<int8_t>(), ptr<int32_t>(corr, at::kInt, n, "corr"),
-                  ptr<float>(scale, at::kFloat, n, "scale"), n,
-                  ptr<float>(bias, at::kFloat, n, "bias"), gelu,
-                  ptr<float>(add, at::kFloat, rows * n, "add"), ptr<float>(lnw, at::kFloat, n, "lnw"),
-                  ptr<float>(lnb, at::kFloat, n, "lnb"), (float)eps, out.data_ptr<float>(),
-                  scratch.data(), reinterpret_cast<float *>(scratch.data() + rows * width),
-                  at::get_num_threads());
+    const int status = bertlab_qgemm(
+        a.data_ptr<float>(), rows, k, ptr<float>(unsmooth, at::kFloat, k, "unsmooth"),
+        (int)levels, (int)vnni, panels.data_ptr<int8_t>(), ptr<int32_t>(corr, at::kInt, n, "corr"),
+        ptr<float>(scale, at::kFloat, n, "scale"), n, ptr<float>(bias, at::kFloat, n, "bias"),
+        gelu, ptr<float>(add, at::kFloat, rows * n, "add"), ptr<float>(lnw, at::kFloat, n, "lnw"),
+        ptr<float>(lnb, at::kFloat, n, "lnb"), (float)eps, out.data_ptr<float>(), scratch.data(),
+        reinterpret_cast<float *>(scratch.data() + rows * width), at::get_num_threads());
+    TORCH_CHECK(status != -2, "bertlab::qgemm: the layer is packed for VNNI, which this CPU does "
+                "not have (AVX512-VNNI and AVX512-VL)");
   }
   return out;
 }
@@ -177,8 +180,8 @@ TORCH_LIBRARY(bertlab, m) {
   m.def("sgemm(Tensor x, Tensor panels, Tensor? bias, int n, Tensor? add, bool gelu, "
         "Tensor? lnw, Tensor? lnb, float eps) -> Tensor");
   m.def("qgemm(Tensor x, Tensor panels, Tensor corr, Tensor scale, Tensor? bias, "
-        "Tensor? unsmooth, int levels, int k, Tensor? add, bool gelu, Tensor? lnw, Tensor? lnb, "
-        "float eps) -> Tensor");
+        "Tensor? unsmooth, int levels, bool vnni, int k, Tensor? add, bool gelu, Tensor? lnw, "
+        "Tensor? lnb, float eps) -> Tensor");
   m.def("attention(Tensor q, Tensor k, Tensor v, Tensor? mask, int limit) -> Tensor");
 }
 

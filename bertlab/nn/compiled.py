@@ -58,14 +58,15 @@ compiles (``torch.set_num_threads`` before the first call).
 
 Where the compiled program runs depends on the CPU (cpu.py's policy, ``cpu.current().compiled``):
 it was measured faster than the model only on some classes of CPU and in some precisions (on
-AVX2-only CPUs, in float32 and int8 on short batches only: ``.max_tokens``), and cannot call
+AVX2-only CPUs and AMD's Zen 4, in float32 and int8 on short batches only: ``.max_tokens``),
+and cannot call
 PyTorch's u8 int8 kernels (it would compute those products in float32) nor run bfloat16
 natively on a CPU without bfloat16 instructions. In any other precision ``Compiled(model)``
 calls the model itself for every input, says why once (a warning, and ``.why_eager``), and
 needs no compiler.
 
-Where the model's products run on bertlab's own AVX2 kernels (float32 on sgemm-avx2, int8 on
-u8-avx2: avx2.py), the program calls those same kernels: the graph is traced inside
+Where the model's products run on bertlab's own kernels (float32 on sgemm-avx2, int8 on
+u8-avx2 or u8-vnni: avx2.py), the program calls those same kernels: the graph is traced inside
 ``aligned_export``, where products.py and precision.py write each product as the operator
 ``torch.ops.bertlab.sgemm`` or ``torch.ops.bertlab.qgemm`` (avx2.ops: the C functions behind a
 small C++ library built once with the same compiler), on panels packed in the graph, which

@@ -11,7 +11,7 @@ instruction; what was measured where, natively or on a simulation: docs/performa
 
     class        CPUs                           products: float32 | bfloat16   int8 kernel
     amx          Xeon 4th generation and later  oneDNN | oneDNN (AMX)          onednn-s8 (AMX)
-    avx512-bf16  EPYC Zen 4 and 5, Cooper Lake  oneDNN† | oneDNN               onednn-s8 (VNNI)
+    avx512-bf16  EPYC Zen 4 and 5, Cooper Lake  oneDNN† | oneDNN               onednn-s8 (VNNI)†
     avx512-vnni  Cascade Lake, Ice Lake         oneDNN | in float32            onednn-s8 (VNNI)
     avx512       Skylake-SP                     oneDNN | in float32            fbgemm-u8, 7 bits
     avx2-vnni    Alder Lake and later clients   oneDNN | in float32            onednn-u8, 8 bits
@@ -30,6 +30,7 @@ instruction; what was measured where, natively or on a simulation: docs/performa
   "PyTorch's": the module route, PyTorch's own kernels (on Arm, its NEON/SVE ones).
   "sgemm*": on AMD CPUs of the class, bertlab's own AVX2 kernel (below); on Intel's, oneDNN.
   "oneDNN†": on AMD's Zen 4 (family 25), bertlab's own AVX2 kernel too (below).
+  "onednn-s8 (VNNI)†": on AMD's Zen 4, bertlab's own int8 kernel with VNNI, u8-vnni (below).
   "u8-avx2*": on AMD CPUs of the class, bertlab's own int8 kernel (below); on Intel's, fbgemm-u8.
 * **float32 kernel** (``Policy.float32_kernel``): the oneDNN route's float32 products (and a
   bfloat16 model's, computed in float32) run on ``sgemm-avx2``, bertlab's AVX2 kernel
@@ -65,12 +66,18 @@ instruction; what was measured where, natively or on a simulation: docs/performa
   there too: on an AMD EPYC (Zen 3) the int8 model took 0.63-0.67x fbgemm-u8's time at batch 1
   (docs/performance.md), so it is chosen on AMD's avx2 class, with fbgemm-u8 as the fallback
   where it cannot be built (no C compiler: ``Policy.int8_fallback``); elsewhere it comes last,
-  for a PyTorch without fbgemm or oneDNN. Without VNNI those kernels multiply with
-  VPMADDUBSW, which adds two u8 x s8 products in 16 bits and saturates past 32,767: so the
-  activations keep 7 bits there (levels -63..63, as fbgemm's ``reduce_range``), 8 with VNNI
-  (``int8_levels``; u8-avx2 keeps 7 everywhere). fbgemm has no AVX-VNNI code, oneDNN has: so
-  on avx2-vnni CPUs oneDNN's kernel keeps 8 bits where fbgemm's would keep 7; on avx2 (but
-  AMD's) and avx512 fbgemm's is chosen.
+  for a PyTorch without fbgemm or oneDNN. ``u8-vnni`` is the same kernel summing with VNNI's
+  VPDPBUSD (AVX512-VNNI, in its 256-bit form: AVX512-VL), which adds four u8 x s8 products
+  straight into 32 bits, so the activations keep 8 bits: the same sums as onednn-s8's, with
+  the rounding, scaling, GELU, residual and layer norm inside the one call. On the Zen 4 EPYC
+  (``half_width_avx512``) the int8 model on onednn-s8 took 1.51x its time at batch 1 and 0.99x
+  on sorted batches (docs/performance.md), so it is chosen there, with onednn-s8 as the
+  fallback; on Intel's VNNI CPUs and Zen 5 it was not measured and comes after the others.
+  Without VNNI those kernels multiply with VPMADDUBSW, which adds two u8 x s8 products in 16
+  bits and saturates past 32,767: so the activations keep 7 bits there (levels -63..63, as
+  fbgemm's ``reduce_range``), 8 with VNNI (``int8_levels``; u8-avx2 keeps 7 everywhere, u8-vnni
+  8). fbgemm has no AVX-VNNI code, oneDNN has: so on avx2-vnni CPUs oneDNN's kernel keeps 8
+  bits where fbgemm's would keep 7; on avx2 (but AMD's) and avx512 fbgemm's is chosen.
   Weights are int8 per output channel and activations per token on every kernel.
   ``BERTLAB_INT8_KERNEL`` (``auto`` or a kernel's name) forces one; a kernel this CPU or this
   PyTorch cannot run is refused by name, with the instruction set or operator it lacks, before
@@ -79,10 +86,10 @@ instruction; what was measured where, natively or on a simulation: docs/performa
   class: those where it was measured faster than the model (amx and avx512-bf16: float32,
   bfloat16 and int8 on onednn-s8; avx2: float32 and int8 on short inputs only, at most
   ``COMPILED_TOKENS`` positions, rows times length, where it saves the Python between short
-  products and loses on larger ones). Where the model's products run on bertlab's AVX2 kernels
-  (float32 on sgemm-avx2, int8 on u8-avx2) the program calls the same kernels, as operators
-  built beside them (avx2.ops), and its cap is ``COMPILED_TOKENS_AVX2``. Elsewhere (int8 on
-  PyTorch's u8 kernels, which a compiled program cannot call; bfloat16 without bfloat16
+  products and loses on larger ones). Where the model's products run on bertlab's own kernels
+  (float32 on sgemm-avx2, int8 on u8-avx2 or u8-vnni) the program calls the same kernels, as
+  operators built beside them (avx2.ops), and its cap is ``COMPILED_TOKENS_AVX2``. Elsewhere
+  (int8 on PyTorch's u8 kernels, which a compiled program cannot call; bfloat16 without bfloat16
   instructions; every precision on classes where it was measured no faster, or not measured)
   ``Compiled`` calls the model itself, and says why (``Policy.not_compiled``).
 
@@ -307,10 +314,12 @@ def _has_op(namespace: str, name: str) -> bool:
 
 
 # ============================================================================ the policy
-INT8_KERNELS = ("onednn-s8", "u8-avx2", "fbgemm-u8", "onednn-u8")
+INT8_KERNELS = ("onednn-s8", "u8-vnni", "u8-avx2", "fbgemm-u8", "onednn-u8")
+OWN_INT8 = ("u8-vnni", "u8-avx2")  # bertlab's own (avx2.py, int8_avx2.c): built at first use
 # the instruction sets a kernel needs, by (ours, a reader's) name
 NEEDS = {
     "onednn-s8": (("avx512_vnni",), "AVX512-VNNI"),
+    "u8-vnni": (("avx2", "fma3", "avx512_vnni", "avx512_vl"), "AVX512-VNNI and AVX512-VL"),
     "u8-avx2": (("avx2", "fma3"), "AVX2 and FMA"),
     "fbgemm-u8": (("avx2",), "AVX2"),
     "onednn-u8": (("avx2",), "AVX2"),
@@ -329,20 +338,24 @@ COMPILED = {
 # (benchmarks/compiled-sizes-epyc-avx2.txt): the same oneDNN products with less Python between
 # them, which counts only while the products are small
 COMPILED_TOKENS = {"avx2": {"float32": 48}}
-# the same where the model's products run on bertlab's AVX2 kernels (float32 on sgemm-avx2, int8
-# on u8-avx2), which the program calls too, as operators (avx2.ops), without the Python between
-# them: on the AVX2 EPYC it took 0.62-0.94x the model's time in float32 and 0.52-0.93x in int8
-# from 8 to 128 positions, 1.07x and 0.99x at 256 (benchmarks/compiled-sizes-epyc-avx2.txt); on
-# the AVX-512 EPYC (Zen 4, float32 on sgemm-avx2: half_width_avx512) 0.62-0.96x from 8 to 128,
-# 0.99x at 256 and 1.04x at 768 (benchmarks/compiled-sizes-epyc-avx512.txt)
-COMPILED_TOKENS_AVX2 = {"avx2": {"float32": 128, "int8": 128}, "avx512-bf16": {"float32": 128}}
+# the same where the model's products run on bertlab's own kernels (float32 on sgemm-avx2, int8
+# on u8-avx2 or u8-vnni), which the program calls too, as operators (avx2.ops), without the
+# Python between them: on the AVX2 EPYC it took 0.62-0.94x the model's time in float32 and
+# 0.52-0.93x in int8 from 8 to 128 positions, 1.07x and 0.99x at 256
+# (benchmarks/compiled-sizes-epyc-avx2.txt); on the AVX-512 EPYC (Zen 4: half_width_avx512)
+# 0.62-0.96x in float32 (sgemm-avx2) and 0.44-0.99x in int8 (u8-vnni) from 8 to 128, 0.99x and
+# 0.95x at 256, 1.04x and 1.03x at 768 (benchmarks/compiled-sizes-epyc-avx512.txt)
+COMPILED_TOKENS_AVX2 = {
+    "avx2": {"float32": 128, "int8": 128},
+    "avx512-bf16": {"float32": 128, "int8": 128},
+}
 
 
 def _on_avx2_kernels(precision: str, float32_kernel: str | None, int8_kernel: str | None) -> bool:
     """``precision``'s products run on bertlab's AVX2 kernels (float32 on sgemm-avx2, int8 on
-    u8-avx2), which a compiled program calls as operators (avx2.ops)."""
+    u8-avx2 or u8-vnni), which a compiled program calls as operators (avx2.ops)."""
     return (precision == "float32" and float32_kernel == "sgemm-avx2") or (
-        precision == "int8" and int8_kernel == "u8-avx2"
+        precision == "int8" and int8_kernel in OWN_INT8
     )
 
 
@@ -496,8 +509,10 @@ def _int8(f: Features, cls: str, forced: str) -> tuple[str | None, str | None, s
     # none and would keep 7); on AMD's AVX2 CPUs bertlab's own u8 kernel (measured faster than
     # fbgemm's there); else the u8 kernels, fbgemm's first. bertlab's comes last everywhere
     # else: it needs no fbgemm or oneDNN in PyTorch, only AVX2, FMA and a C compiler
-    if "avx512_vnni" in f.flags:
-        order = ("onednn-s8", "fbgemm-u8", "onednn-u8", "u8-avx2")
+    if "avx512_vnni" in f.flags and half_width_avx512(f):
+        order = ("u8-vnni", "onednn-s8", "fbgemm-u8", "onednn-u8")
+    elif "avx512_vnni" in f.flags:
+        order = ("onednn-s8", "fbgemm-u8", "onednn-u8", "u8-vnni", "u8-avx2")
     elif "avx_vnni" in f.flags:
         order = ("onednn-u8", "fbgemm-u8", "u8-avx2")
     elif cls == "avx2" and f.vendor == "AuthenticAMD":
@@ -506,7 +521,7 @@ def _int8(f: Features, cls: str, forced: str) -> tuple[str | None, str | None, s
         order = ("fbgemm-u8", "onednn-u8", "u8-avx2")
     runs = [kernel for kernel in order if _kernel_why(kernel, f, cls) is None]
     if runs:
-        return runs[0], None, runs[1] if runs[0] == "u8-avx2" and len(runs) > 1 else None
+        return runs[0], None, runs[1] if runs[0] in OWN_INT8 and len(runs) > 1 else None
     reasons = [_kernel_why(kernel, f, cls) for kernel in order]
     return None, reasons[0] if "avx2" not in f.flags else "; ".join(map(str, reasons)), None
 
@@ -519,7 +534,7 @@ def int8_levels(kernel: str | None, f: Features) -> int:
     2 x 255 x 127 = 64,770 at L = 127 and 2 x 127 x 127 = 32,258 at L = 63."""
     if kernel == "u8-avx2":  # (VPMADDUBSW on every CPU: int8_avx2.c)
         return 63
-    if kernel == "onednn-s8" or (kernel is not None and "avx512_vnni" in f.flags):
+    if kernel in ("onednn-s8", "u8-vnni") or (kernel is not None and "avx512_vnni" in f.flags):
         return 127
     if kernel == "onednn-u8" and "avx_vnni" in f.flags:  # oneDNN's AVX-VNNI code (fbgemm has none)
         return 127
@@ -555,13 +570,13 @@ def policy(f: Features, environ: dict[str, str] | os._Environ | None = None) -> 
         not_compiled["bfloat16"] = f"bfloat16 products run in float32 here ({bf16_why})"
     if kernel is None:
         not_compiled["int8"] = f"int8 does not run here ({int8_why})"
-    elif kernel == "u8-avx2" and "int8" not in COMPILED_TOKENS_AVX2.get(cls, {}):
+    elif kernel in OWN_INT8 and "int8" not in COMPILED_TOKENS_AVX2.get(cls, {}):
         measured = [c for c, caps in COMPILED_TOKENS_AVX2.items() if "int8" in caps]
         not_compiled["int8"] = (
-            f"the compiled program calling the u8-avx2 kernel was measured only on the "
+            f"the compiled program calling the {kernel} kernel was measured only on the "
             f"{', '.join(measured)} class, not on this one ({cls})"
         )
-    elif kernel not in ("onednn-s8", "u8-avx2"):
+    elif kernel not in ("onednn-s8", *OWN_INT8):
         not_compiled["int8"] = (
             f"the int8 products run on the {kernel} kernel, which a compiled program cannot "
             "call (it would compute them in float32)"

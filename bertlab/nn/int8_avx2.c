@@ -1,6 +1,7 @@
-/* bertlab's int8 product for AVX2 CPUs: c = norm(act(s_x (q(x) . w^T) s_w + bias) (+ add)),
-   the activations rounded per token inside the call, on an int8 weight packed once; act GELU
-   (with erf) or none, norm a layer norm of each row or none (as in sgemm_avx2.c).
+/* bertlab's int8 product for AVX2 CPUs, and with VNNI:
+   c = norm(act(s_x (q(x) . w^T) s_w + bias) (+ add)), the activations rounded per token inside
+   the call, on an int8 weight packed once; act GELU (with erf) or none, norm a layer norm of
+   each row or none (as in sgemm_avx2.c).
 
    Built and loaded by avx2.py, which says when it is used and why (bertlab.nn.cpu chooses it).
    The numbers are precision.py's (its module docstring): per-token activations with L levels,
@@ -8,8 +9,8 @@
 
    a        (m, k) row-major float32: the input rows
    unsmooth (k) or NULL: each input column is multiplied by it before it is rounded
-   levels   L, at most 63: each row t is rounded to q = round(t / s) in -L..L with
-            s = max(max|t| / L, the smallest normal float), the scale ascale[r] = s
+   levels   L, at most 63 (127 with vnni): each row t is rounded to q = round(t / s) in
+            -L..L with s = max(max|t| / L, the smallest normal float), the scale ascale[r] = s
    panels   the int8 weight w (n, k) in panels of 16 output columns and groups of 4 inputs: for
             each group g of inputs 4g..4g+3 (zeros past k), panel p holds 64 bytes, the 4
             weights of column 16p in input order, then of column 16p+1, ... 16p+15 (zeros past
@@ -24,14 +25,16 @@
    multiply them with the signed weights: it adds two u8 x s8 products in 16 bits, which holds
    2 x 127 x 127 = 32,258 (8-bit activations, 255 x 127 x 2, would saturate; hence L <= 63).
    VPMADDWD then adds pairs of those into 32 bits: each step sums 4 inputs of 8 columns. The
-   shift is taken back at the end, sum(u w) - (L + 1) sum(w) = sum(q w), exactly.
+   shift is taken back at the end, sum(u w) - (L + 1) sum(w) = sum(q w), exactly. Where the
+   layer was packed for VNNI (vnni: u8-vnni), one VPDPBUSD does those three instructions' work
+   into 32 bits, where nothing saturates, so L may be 127 (bytes 1..255).
 
    The rounding is done once for all rows, then each thread takes whole panels (OpenMP,
    PyTorch's own runtime: avx2.py checks that one libgomp is loaded). For each panel the rows go
    through in blocks of 6: 6 rows x 16 columns of sums stay in 12 registers while the inputs
    stream past, each step of 4 inputs one pair of panel loads, 6 broadcasts and 12 of each of
-   VPMADDUBSW, VPMADDWD and VPADDD, and the panel (6 KiB at k = 384) stays in the core's cache.
-   No load or store needs aligned memory. */
+   VPMADDUBSW, VPMADDWD and VPADDD (or 12 VPDPBUSD), and the panel (6 KiB at k = 384) stays in
+   the core's cache. No load or store needs aligned memory. */
 
 #include <float.h>
 #include <immintrin.h>
@@ -118,45 +121,74 @@ static void quantize(const float *a, int64_t k, const float *unsmooth, int level
     FINISH(r, 0)   \
     FINISH(r, 1)   \
   }
-#define BLOCK(R_)                                                                            \
-  static void block##R_(const uint8_t *u, int64_t kp, const float *ascale,                   \
+#define BLOCK(NAME, STEPPER, R_)                                                             \
+  static void NAME##R_(const uint8_t *u, int64_t kp, const float *ascale,                    \
                         const int8_t *panel, const int32_t *corr, const float *wscale,       \
                         const float *bias, int gelu, const float *add, float *c, int64_t ldc, \
                         const int8_t *ahead) {                                               \
     enum { R = R_ };                                                                         \
     const __m256i z = _mm256_setzero_si256(), ones = _mm256_set1_epi16(1);                  \
+    (void)ones; /* (VPMADDWD's, unused by VPDPBUSD) */                                       \
     __m256i s00 = z, s01 = z, s10 = z, s11 = z, s20 = z, s21 = z, s30 = z, s31 = z;          \
     __m256i s40 = z, s41 = z, s50 = z, s51 = z;                                              \
     for (int64_t g = 0; g < kp / 4; g++) {                                                   \
       __m256i w0 = _mm256_loadu_si256((const __m256i *)(panel + g * GROUP));                 \
       __m256i w1 = _mm256_loadu_si256((const __m256i *)(panel + g * GROUP + 32));            \
       if (ahead) _mm_prefetch((const char *)(ahead + g * GROUP), _MM_HINT_T1);               \
-      STEP(0) STEP(1) STEP(2) STEP(3) STEP(4) STEP(5)                                        \
+      STEPPER(0) STEPPER(1) STEPPER(2) STEPPER(3) STEPPER(4) STEPPER(5)                     \
     }                                                                                        \
     STORE(0) STORE(1) STORE(2) STORE(3) STORE(4) STORE(5)                                    \
   }
-BLOCK(1) BLOCK(2) BLOCK(3) BLOCK(4) BLOCK(5) BLOCK(6)
+BLOCK(block, STEP, 1) BLOCK(block, STEP, 2) BLOCK(block, STEP, 3)
+BLOCK(block, STEP, 4) BLOCK(block, STEP, 5) BLOCK(block, STEP, 6)
 
-static void block(int rows, const uint8_t *u, int64_t kp, const float *ascale,
+/* With VNNI one VPDPBUSD does the work of VPMADDUBSW, VPMADDWD and VPADDD, summing the 4 u8 x s8
+   products of each column straight into 32 bits: nothing saturates, so the activations keep 8
+   bits (levels up to 127, shifted to 1..255). Compiled for AVX512-VNNI and AVX512-VL (its
+   256-bit form) in these functions only, and called only where the CPU has both (qgemm checks). */
+#define STEP_VNNI(r)                                                         \
+  if (R > r) {                                                               \
+    __m256i x = _mm256_set1_epi32(*(const int32_t *)(u + (r) * kp + 4 * g)); \
+    s##r##0 = _mm256_dpbusd_epi32(s##r##0, x, w0);                          \
+    s##r##1 = _mm256_dpbusd_epi32(s##r##1, x, w1);                          \
+  }
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512vl,avx512vnni")
+BLOCK(vnni, STEP_VNNI, 1) BLOCK(vnni, STEP_VNNI, 2) BLOCK(vnni, STEP_VNNI, 3)
+BLOCK(vnni, STEP_VNNI, 4) BLOCK(vnni, STEP_VNNI, 5) BLOCK(vnni, STEP_VNNI, 6)
+#pragma GCC pop_options
+
+static void block(int vnni, int rows, const uint8_t *u, int64_t kp, const float *ascale,
                   const int8_t *panel, const int32_t *corr, const float *wscale,
                   const float *bias, int gelu, const float *add, float *c, int64_t ldc,
                   const int8_t *ahead) {
-  switch (rows) {
-    case 6: block6(u, kp, ascale, panel, corr, wscale, bias, gelu, add, c, ldc, ahead); break;
-    case 5: block5(u, kp, ascale, panel, corr, wscale, bias, gelu, add, c, ldc, ahead); break;
-    case 4: block4(u, kp, ascale, panel, corr, wscale, bias, gelu, add, c, ldc, ahead); break;
-    case 3: block3(u, kp, ascale, panel, corr, wscale, bias, gelu, add, c, ldc, ahead); break;
-    case 2: block2(u, kp, ascale, panel, corr, wscale, bias, gelu, add, c, ldc, ahead); break;
-    default: block1(u, kp, ascale, panel, corr, wscale, bias, gelu, add, c, ldc, ahead); break;
-  }
+#define ARGS u, kp, ascale, panel, corr, wscale, bias, gelu, add, c, ldc, ahead
+  if (vnni) switch (rows) {
+      case 6: vnni6(ARGS); break;
+      case 5: vnni5(ARGS); break;
+      case 4: vnni4(ARGS); break;
+      case 3: vnni3(ARGS); break;
+      case 2: vnni2(ARGS); break;
+      default: vnni1(ARGS); break;
+    }
+  else switch (rows) {
+      case 6: block6(ARGS); break;
+      case 5: block5(ARGS); break;
+      case 4: block4(ARGS); break;
+      case 3: block3(ARGS); break;
+      case 2: block2(ARGS); break;
+      default: block1(ARGS); break;
+    }
+#undef ARGS
 }
 
 /* The last panel of an n that is not a multiple of 16: computed into a 6 x 16 scratch (its
    corrections, scales, bias and add read through zero-padded copies), then its first `cols`
    columns copied out. */
-static void partial(int rows, int cols, const uint8_t *u, int64_t kp, const float *ascale,
-                    const int8_t *panel, const int32_t *corr, const float *wscale,
-                    const float *bias, int gelu, const float *add, float *c, int64_t ldc) {
+static void partial(int vnni, int rows, int cols, const uint8_t *u, int64_t kp,
+                    const float *ascale, const int8_t *panel, const int32_t *corr,
+                    const float *wscale, const float *bias, int gelu, const float *add,
+                    float *c, int64_t ldc) {
   float out[ROWS * PANEL], plus[ROWS * PANEL] = {0}, b[PANEL] = {0}, ws[PANEL] = {0};
   int32_t cr[PANEL] = {0};
   for (int j = 0; j < cols; j++) {
@@ -166,7 +198,7 @@ static void partial(int rows, int cols, const uint8_t *u, int64_t kp, const floa
   }
   for (int r = 0; r < rows; r++)
     for (int j = 0; j < PANEL; j++) plus[r * PANEL + j] = add && j < cols ? add[r * ldc + j] : 0.f;
-  block(rows, u, kp, ascale, panel, cr, ws, b, gelu, add ? plus : 0, out, PANEL, 0);
+  block(vnni, rows, u, kp, ascale, panel, cr, ws, b, gelu, add ? plus : 0, out, PANEL, 0);
   for (int r = 0; r < rows; r++)
     for (int j = 0; j < cols; j++) c[r * ldc + j] = out[r * PANEL + j];
 }
@@ -241,13 +273,17 @@ void bertlab_dequantize(const int32_t *acc, int64_t m, int64_t n, const float *a
   }
 }
 
-/* Returns 0, or -1 (nothing read or written) where levels is outside 1..63. */
+/* vnni: sum with VPDPBUSD (levels 1..127), else with VPMADDUBSW (levels 1..63). Returns 0, or
+   -1 (nothing read or written) where levels is outside those, or -2 where vnni is asked of a
+   CPU without AVX512-VNNI and AVX512-VL. */
 int bertlab_qgemm(const float *a, int64_t m, int64_t k, const float *unsmooth, int levels,
-                  const int8_t *panels, const int32_t *corr, const float *wscale, int64_t n,
-                  const float *bias, int gelu, const float *add, const float *lnw,
+                  int vnni, const int8_t *panels, const int32_t *corr, const float *wscale,
+                  int64_t n, const float *bias, int gelu, const float *add, const float *lnw,
                   const float *lnb, float eps, float *c, uint8_t *qa, float *ascale,
                   int threads) {
-  if (levels < 1 || levels > 63) return -1;
+  if (levels < 1 || levels > (vnni ? 127 : 63)) return -1;
+  if (vnni && !(__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl")))
+    return -2;
   const int64_t kp = (k + 3) / 4 * 4, count = (n + PANEL - 1) / PANEL;
 #pragma omp parallel num_threads(threads)
   {
@@ -266,12 +302,12 @@ int bertlab_qgemm(const float *a, int64_t m, int64_t k, const float *unsmooth, i
         const int rows = m - row < ROWS ? (int)(m - row) : ROWS;
         const float *plus = add ? add + row * n + col : 0;
         if (cols == PANEL)
-          block(rows, qa + row * kp, kp, ascale + row, panel, corr + col, wscale + col,
+          block(vnni, rows, qa + row * kp, kp, ascale + row, panel, corr + col, wscale + col,
                 bias ? bias + col : 0, gelu, plus, c + row * n + col, n,
                 row == prefetching ? next : 0);
         else
-          partial(rows, cols, qa + row * kp, kp, ascale + row, panel, corr + col, wscale + col,
-                  bias ? bias + col : 0, gelu, plus, c + row * n + col, n);
+          partial(vnni, rows, cols, qa + row * kp, kp, ascale + row, panel, corr + col,
+                  wscale + col, bias ? bias + col : 0, gelu, plus, c + row * n + col, n);
       }
     }
     if (lnw) { /* (after the loop's barrier: every row is whole) */

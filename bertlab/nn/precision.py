@@ -22,9 +22,9 @@ int8 (``quantize_int8``) replaces the linear layers by ``Int8Linear``:
   product's epilogue (residual, layer norm) in one more pass (avx2.dequantize; measured in
   docs/performance.md, the Zen 4 EPYC's int8);
 * the product: summed exactly in int32 by the CPU's int8 kernel (cpu.py chooses it: oneDNN's
-  s8 x s8 kernels on VNNI or AMX, or fbgemm's, oneDNN's or bertlab's own (u8-avx2: avx2.py)
-  u8 x s8 kernels from AVX2 up), on the weight prepacked once into the kernel's layout where
-  cpu.py says so, then scaled back to float32 with the bias added.
+  s8 x s8 kernels on VNNI or AMX, or fbgemm's, oneDNN's or bertlab's own (u8-avx2, and u8-vnni
+  with VNNI: avx2.py) u8 x s8 kernels from AVX2 up), on the weight prepacked once into the
+  kernel's layout where cpu.py says so, then scaled back to float32 with the bias added.
 
 Everything else stays in float32: the embeddings, every LayerNorm, the attention scores, softmax
 and the attention-weighted sum of values, the activations and the residual sums.
@@ -99,11 +99,11 @@ def int8_kernel() -> str:
     kernel = policy.int8_kernel
     if kernel is None:
         raise RuntimeError(f"int8 products cannot run here: {policy.int8_why}")
-    if kernel == "u8-avx2" and (why := avx2.load()) is not None:
+    if kernel in cpu.OWN_INT8 and (why := avx2.load()) is not None:
         if policy.int8_fallback is None:
-            raise RuntimeError(f"int8 products cannot run here: the u8-avx2 kernel: {why}")
+            raise RuntimeError(f"int8 products cannot run here: the {kernel} kernel: {why}")
         warnings.warn(
-            f"int8 products run on {policy.int8_fallback}, not on bertlab's u8-avx2 kernel: "
+            f"int8 products run on {policy.int8_fallback}, not on bertlab's {kernel} kernel: "
             f"{why} (bertlab.nn.precision)",
             stacklevel=3,
         )
@@ -160,7 +160,7 @@ def int8_product(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None)
     out = weight.int8.shape[1]
     if flat.shape[0] == 0:
         return flat.new_zeros(*shape[:-1], out)
-    if weight.kernel == "u8-avx2" and weight.packed is not None:  # rounds, sums, scales itself
+    if weight.kernel in cpu.OWN_INT8 and weight.packed is not None:  # rounds, sums, scales itself
         return avx2.qproduct(flat, weight.packed).view(*shape[:-1], out)  # (its bias is packed)
     smoothed = weight.unsmooth is not None
     if s8_in_one_pass(weight, flat.shape[0]):
@@ -250,8 +250,8 @@ def _pack(
     (u8-avx2, for activations of ``levels``), fbgemm's prepacked weight, or oneDNN's (for its
     s8 and u8 kernels alike) with zero points."""
     out = int8.shape[0]
-    if kernel == "u8-avx2":
-        return avx2.pack_int8(int8, scale, bias, levels, unsmooth)
+    if kernel in cpu.OWN_INT8:
+        return avx2.pack_int8(int8, scale, bias, levels, unsmooth, vnni=kernel == "u8-vnni")
     if kernel == "fbgemm-u8":
         import warnings
 
@@ -282,7 +282,7 @@ def int8_weight(layers: tuple[Int8Linear, ...]) -> tuple[Int8Weight, torch.Tenso
     traced = tracing()
     # a program bertlab compiles calls u8-avx2 as its operator, on panels packed in the graph
     # (constants there, folded as it compiles)
-    operator = traced and kernel == "u8-avx2" and avx2.traced_as_operators()
+    operator = traced and kernel in cpu.OWN_INT8 and avx2.traced_as_operators()
     # torch._int_mm computes on the int8 weight itself: in another traced graph, and for
     # onednn-s8 where the policy prepacks nothing (cpu.py)
     unpacked = (traced and not operator) or (kernel == "onednn-s8" and not policy.int8_prepacked)

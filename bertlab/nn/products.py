@@ -204,7 +204,7 @@ def linear(
         return _product((layer,), x, act, residual, norm)
     elif way == "int8":
         weight, bias = int8_weight((layer,))
-        if weight.kernel == "u8-avx2" and weight.packed is not None:
+        if weight.kernel in cpu.OWN_INT8 and weight.packed is not None:
             return _qgemm(x, weight.packed, act, residual, norm)
         if s8_in_one_pass(weight, x.numel() // x.shape[-1] if x.shape[-1] else 0):
             n = weight.int8.shape[1]
@@ -325,9 +325,9 @@ def _qgemm(
     residual: torch.Tensor | None,
     norm: nn.Module | None = None,
 ) -> torch.Tensor:
-    """``norm(residual + act(int8 product))`` by bertlab's u8-avx2 kernel (avx2.qproduct), on
-    the layer as precision.py packed it (its bias with it; the activations rounded inside the
-    kernel), with ``_fused``'s epilogue."""
+    """``norm(residual + act(int8 product))`` by bertlab's u8-avx2 or u8-vnni kernel
+    (avx2.qproduct), on the layer as precision.py packed it (its bias with it; the activations
+    rounded inside the kernel), with ``_fused``'s epilogue."""
     x = x.float()
     n = layer.corr.shape[0]
     return _fused(functools.partial(avx2.qproduct, x, layer), x, n, act, residual, norm)
