@@ -243,13 +243,13 @@ def test_zen4_takes_bertlabs_own_vnni_int8_kernel_with_onednns_behind_it():
     """On AMD's AVX-512 CPUs of family 25 (Zen 4, half_width_avx512) int8 runs on u8-vnni,
     measured faster than onednn-s8 there at batch 1 (docs/performance.md), with 8-bit
     activations, onednn-s8 as the kernel taken where it cannot be built, and the compiled program
-    calling it on batches of at most 128 positions; Zen 5 (family 26), Intel's and unknown CPUs
+    calling it on batches of at most 256 positions; Zen 5 (family 26), Intel's and unknown CPUs
     keep onednn-s8."""
     zen4 = replace(CLASSES["avx512-bf16"][0], vendor="AuthenticAMD", family=25)
     p = cpu.policy(zen4, environ={})
     assert (p.int8_kernel, p.int8_fallback, p.int8_levels) == ("u8-vnni", "onednn-s8", 127)
     assert p.describe()["int8_activation_bits"] == 8
-    assert "int8" in p.compiled and p.compiled_tokens == {"float32": 128, "int8": 128}
+    assert "int8" in p.compiled and p.compiled_tokens == {"float32": 128, "int8": 256}
     p = cpu.policy(replace(zen4, flags=zen4.flags - {"avx512_vl"}), environ={})
     assert p.int8_kernel == "onednn-s8"  # (VPDPBUSD's 256-bit form needs AVX512-VL)
     for vendor, family in (("AuthenticAMD", 26), ("GenuineIntel", 6), ("", None)):

@@ -316,3 +316,24 @@ def test_a_forced_u8_avx2_that_cannot_be_built_is_refused_naming_why(monkeypatch
         quantize_int8(model)
     with pytest.raises(RuntimeError, match="int8 products cannot run here: the u8-avx2 kernel"):
         Int8Linear(torch.nn.Linear(8, 8))(torch.randn(2, 8))
+
+
+@VNNI_SKIP
+def test_without_a_compiler_u8_vnni_takes_onednn_s8_with_the_same_bits_of_activation(
+    monkeypatch, tmp_path
+):
+    """u8-vnni's fallback (AMD's Zen 4) is oneDNN's s8 kernel: the same 8-bit activations, the
+    same sums; the warning names both."""
+    why = cpu._kernel_why("onednn-s8", cpu.features(), "")
+    if why is not None:
+        pytest.skip(f"onednn-s8 cannot run here: {why}")
+    _no_compiler(monkeypatch, tmp_path)
+    on_u8(monkeypatch, "onednn-s8", kernel="u8-vnni")
+    layer = Int8Linear(torch.nn.Linear(32, 8))
+    x = torch.randn(3, 32)
+    with pytest.warns(UserWarning, match="int8 products run on onednn-s8, not on bertlab's "
+                                         "u8-vnni kernel: no C compiler"):  # fmt: skip
+        got = layer(x)
+    assert precision.int8_kernel() == "onednn-s8"
+    torch.testing.assert_close(got, reference(x, layer.weight_int8, layer.weight_scale,
+                                              layer.bias, 127), rtol=0, atol=1e-6)  # fmt: skip

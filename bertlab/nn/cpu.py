@@ -70,7 +70,7 @@ instruction; what was measured where, natively or on a simulation: docs/performa
   VPDPBUSD (AVX512-VNNI, in its 256-bit form: AVX512-VL), which adds four u8 x s8 products
   straight into 32 bits, so the activations keep 8 bits: the same sums as onednn-s8's, with
   the rounding, scaling, GELU, residual and layer norm inside the one call. On the Zen 4 EPYC
-  (``half_width_avx512``) the int8 model on onednn-s8 took 1.51x its time at batch 1 and 0.99x
+  (``half_width_avx512``) the int8 model on onednn-s8 took 1.60x its time at batch 1 and 1.03x
   on sorted batches (docs/performance.md), so it is chosen there, with onednn-s8 as the
   fallback; on Intel's VNNI CPUs and Zen 5 it was not measured and comes after the others.
   Without VNNI those kernels multiply with VPMADDUBSW, which adds two u8 x s8 products in 16
@@ -343,11 +343,12 @@ COMPILED_TOKENS = {"avx2": {"float32": 48}}
 # Python between them: on the AVX2 EPYC it took 0.62-0.94x the model's time in float32 and
 # 0.52-0.93x in int8 from 8 to 128 positions, 1.07x and 0.99x at 256
 # (benchmarks/compiled-sizes-epyc-avx2.txt); on the AVX-512 EPYC (Zen 4: half_width_avx512)
-# 0.62-0.96x in float32 (sgemm-avx2) and 0.44-0.99x in int8 (u8-vnni) from 8 to 128, 0.99x and
-# 0.95x at 256, 1.04x and 1.03x at 768 (benchmarks/compiled-sizes-epyc-avx512.txt)
+# 0.62-0.96x in float32 (sgemm-avx2) from 8 to 128, 0.99x at 256 and 1.04x at 768; in int8
+# (u8-vnni) 0.44-0.89x from 8 to 128, 0.92x at 256 and 0.96x at 768 (two runs: 0.44-0.99x,
+# 0.95x, 1.03x) (benchmarks/compiled-sizes-epyc-avx512.txt)
 COMPILED_TOKENS_AVX2 = {
     "avx2": {"float32": 128, "int8": 128},
-    "avx512-bf16": {"float32": 128, "int8": 128},
+    "avx512-bf16": {"float32": 128, "int8": 256},
 }
 
 
