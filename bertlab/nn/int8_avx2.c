@@ -158,28 +158,19 @@ BLOCK(vnni, STEP_VNNI, 1) BLOCK(vnni, STEP_VNNI, 2) BLOCK(vnni, STEP_VNNI, 3)
 BLOCK(vnni, STEP_VNNI, 4) BLOCK(vnni, STEP_VNNI, 5) BLOCK(vnni, STEP_VNNI, 6)
 #pragma GCC pop_options
 
+/* A block of `rows` rows (1 to 6): each size is its own function, its sums in registers. */
+typedef void (*block_fn)(const uint8_t *, int64_t, const float *, const int8_t *, const int32_t *,
+                         const float *, const float *, int, const float *, float *, int64_t,
+                         const int8_t *);
+static const block_fn PLAIN[ROWS] = {block1, block2, block3, block4, block5, block6};
+static const block_fn WITH_VNNI[ROWS] = {vnni1, vnni2, vnni3, vnni4, vnni5, vnni6};
+
 static void block(int vnni, int rows, const uint8_t *u, int64_t kp, const float *ascale,
                   const int8_t *panel, const int32_t *corr, const float *wscale,
                   const float *bias, int gelu, const float *add, float *c, int64_t ldc,
                   const int8_t *ahead) {
-#define ARGS u, kp, ascale, panel, corr, wscale, bias, gelu, add, c, ldc, ahead
-  if (vnni) switch (rows) {
-      case 6: vnni6(ARGS); break;
-      case 5: vnni5(ARGS); break;
-      case 4: vnni4(ARGS); break;
-      case 3: vnni3(ARGS); break;
-      case 2: vnni2(ARGS); break;
-      default: vnni1(ARGS); break;
-    }
-  else switch (rows) {
-      case 6: block6(ARGS); break;
-      case 5: block5(ARGS); break;
-      case 4: block4(ARGS); break;
-      case 3: block3(ARGS); break;
-      case 2: block2(ARGS); break;
-      default: block1(ARGS); break;
-    }
-#undef ARGS
+  (vnni ? WITH_VNNI : PLAIN)[rows - 1](u, kp, ascale, panel, corr, wscale, bias, gelu, add, c, ldc,
+                                       ahead);
 }
 
 /* The last panel of an n that is not a multiple of 16: computed into a 6 x 16 scratch (its
