@@ -186,7 +186,6 @@ def product(
 QGROUP = 4  # inputs an int8 panel holds per step (VPMADDUBSW then VPMADDWD, or VPDPBUSD, sum 4)
 INT8_LEVELS = 63  # the most levels ``qproduct`` rounds activations to (7 bits: int8_avx2.c)
 VNNI_LEVELS = 127  # the same with VNNI (``vnni``: 8 bits, summed by VPDPBUSD)
-VNNI_FLAGS = frozenset({"avx512_vnni", "avx512_vl"})  # what the VNNI form needs (cpu.features)
 
 
 class Int8Panels(NamedTuple):

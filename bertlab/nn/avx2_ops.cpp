@@ -1,6 +1,6 @@
 /* bertlab's AVX2 kernels as PyTorch operators (bertlab::sgemm, bertlab::qgemm,
-   bertlab::attention), so that a
-   program compiled ahead of time (nn/compiled.py) calls them from C++ with no Python between:
+   bertlab::attention), so that a program compiled ahead of time (nn/compiled.py) calls them
+   from C++ with no Python between:
    the same C functions that avx2.py calls through ctypes in eager mode, with the same
    arguments, checked the same way (avx2.py's docstrings are the contract).
 

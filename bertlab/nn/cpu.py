@@ -507,9 +507,10 @@ def _int8(f: Features, cls: str, forced: str) -> tuple[str | None, str | None, s
         return None, why, None
     # VNNI's (or AMX's) int8 x int8 products where PyTorch sends torch._int_mm to them; with
     # AVX-VNNI alone, oneDNN's u8 kernel (its AVX-VNNI code keeps 8-bit activations, fbgemm has
-    # none and would keep 7); on AMD's AVX2 CPUs bertlab's own u8 kernel (measured faster than
-    # fbgemm's there); else the u8 kernels, fbgemm's first. bertlab's comes last everywhere
-    # else: it needs no fbgemm or oneDNN in PyTorch, only AVX2, FMA and a C compiler
+    # none and would keep 7); on AMD's AVX2 CPUs bertlab's own u8 kernel, and on Zen 4 its VNNI
+    # form (each measured faster than PyTorch's kernels there); else the u8 kernels, fbgemm's
+    # first. bertlab's come last everywhere else: they need no fbgemm or oneDNN in PyTorch, only
+    # AVX2, FMA (and VNNI for u8-vnni) and a C compiler
     if "avx512_vnni" in f.flags and half_width_avx512(f):
         order = ("u8-vnni", "onednn-s8", "fbgemm-u8", "onednn-u8")
     elif "avx512_vnni" in f.flags:

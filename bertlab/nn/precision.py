@@ -247,8 +247,8 @@ def _pack(
 ) -> Any:
     """The kernel's own form of the (out, in) int8 weight with its (out,) scales: bertlab's
     panels with the zero point's corrections and the layer's scales, bias and smoothing
-    (u8-avx2, for activations of ``levels``), fbgemm's prepacked weight, or oneDNN's (for its
-    s8 and u8 kernels alike) with zero points."""
+    (u8-avx2 or u8-vnni, for activations of ``levels``), fbgemm's prepacked weight, or
+    oneDNN's (for its s8 and u8 kernels alike) with zero points."""
     out = int8.shape[0]
     if kernel in cpu.OWN_INT8:
         return avx2.pack_int8(int8, scale, bias, levels, unsmooth, vnni=kernel == "u8-vnni")
@@ -280,7 +280,7 @@ def int8_weight(layers: tuple[Int8Linear, ...]) -> tuple[Int8Weight, torch.Tenso
     kernel = int8_kernel()
     first = layers[0]
     traced = tracing()
-    # a program bertlab compiles calls u8-avx2 as its operator, on panels packed in the graph
+    # a program bertlab compiles calls its own kernel as an operator, on panels packed in the graph
     # (constants there, folded as it compiles)
     operator = traced and kernel in cpu.OWN_INT8 and avx2.traced_as_operators()
     # torch._int_mm computes on the int8 weight itself: in another traced graph, and for

@@ -36,9 +36,10 @@ maps a dtype to its route):
     "int8"    an ``Int8Linear`` (precision.quantize_int8) without hooks: the int8 product
               (precision.int8_product, on the CPU's int8 kernel), then the activation or the
               sum in place; layers that share their smoothing run as one product (the input
-              rounded once). On bertlab's u8-avx2 kernel the GELU, the sum and the layer norm
-              run inside it, as on sgemm-avx2; on onednn-s8 in eager mode the sum and the
-              layer norm run inside the pass that scales oneDNN's sums back (``_s8``).
+              rounded once). On bertlab's own kernels (u8-avx2, u8-vnni) the GELU, the sum
+              and the layer norm run inside them, as on sgemm-avx2; on onednn-s8 in eager
+              mode the sum and the layer norm run inside the pass that scales oneDNN's sums
+              back (``_s8``).
     "module"  anything else: the layer is called as a module (its hooks run, autograd records
               it, an adapter such as LoRA wrapped around it computes, a compiler or exporter
               traces ``F.linear`` and fuses on its own, autocast picks its dtype), then the
