@@ -151,9 +151,9 @@ def on_sgemm(monkeypatch, why="bertlab's AVX2 kernel, measured faster"):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_model_on_sgemm_equals_pytorchs_own_products(dtype, monkeypatch):
     """Every layer's four products (query-key-value as one, the attention's output, the two of
-    the feed-forward network) on the kernel, with the residual summed and the layer norm
-    applied inside it; the hidden
-    states equal those of nn.Linear within the dtype's tolerance."""
+    the feed-forward network) and the pooler's on the kernel, with the residual summed and the
+    layer norm applied inside it; the hidden states equal those of nn.Linear within the dtype's
+    tolerance."""
     on_sgemm(monkeypatch)
     calls = []
     real = avx2.product
@@ -163,7 +163,7 @@ def test_the_model_on_sgemm_equals_pytorchs_own_products(dtype, monkeypatch):
         pytest.skip("bfloat16 runs natively here, not by the float32 route")
     with torch.inference_mode():
         got = model(ids, mask, output_hidden_states=True)
-        assert len(calls) == 4 * 3
+        assert len(calls) == 4 * 3 + 1  # (and the pooler's)
         assert sum(len(c) > 4 and c[4] is not None for c in calls) == 2 * 3  # two sums a layer
         assert sum(len(c) > 5 and c[5] for c in calls) == 3  # GELU inside the product
         # and the layer norms in float32 (a bfloat16 model's run as its modules, in bfloat16)
@@ -171,7 +171,7 @@ def test_the_model_on_sgemm_equals_pytorchs_own_products(dtype, monkeypatch):
         assert norms == (2 * 3 if dtype == torch.float32 else 0)
         model.set_fast_inference(False)
         want = model(ids, mask, output_hidden_states=True)
-    assert len(calls) == 4 * 3
+    assert len(calls) == 4 * 3 + 1
     real_tokens = mask.bool()
     tol = 1e-5 if dtype == torch.float32 else 2**-6
     for g, w in zip(got.hidden_states, want.hidden_states, strict=True):

@@ -162,8 +162,9 @@ def _operators(program: torch.export.ExportedProgram) -> list[str]:
 def test_bertlabs_own_program_calls_them_and_other_exports_do_not(monkeypatch):
     """Traced for bertlab's own program (inside aligned_export), each layer's four float32
     products are sgemm operators (query, key and value as one), the residual sums, GELU and
-    layer norms inside them; the graph run gives the eager model's numbers. A plain export (for
-    ONNX and other runtimes) has none. The int8 model's products become qgemm operators."""
+    layer norms inside them, and so is the pooler's; the graph run gives the eager model's
+    numbers. A plain export (for ONNX and other runtimes) has none. The int8 model's products
+    become qgemm operators."""
     on_kernels(monkeypatch)
     model, ids, mask = small_encoder(torch.float32, kernel="sdpa")
     ids, mask = ids[1:], mask[1:]  # (the rows without padding)
@@ -171,7 +172,7 @@ def test_bertlabs_own_program_calls_them_and_other_exports_do_not(monkeypatch):
         want = model(ids, mask).last_hidden_state
     with aligned_export(), torch.no_grad():  # (as Compiled builds it: no gradient)
         program = torch.export.export(model, (ids, mask))
-    assert _operators(program) == ["bertlab.sgemm.default"] * 4 * 3
+    assert _operators(program) == ["bertlab.sgemm.default"] * (4 * 3 + 1)
     with torch.inference_mode():
         got = program.module()(ids, mask).last_hidden_state
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
@@ -193,8 +194,9 @@ def test_bertlabs_own_program_calls_them_and_other_exports_do_not(monkeypatch):
 @needs_ops
 def test_bertlabs_own_program_runs_the_attention_operator_too(monkeypatch):
     """A packed model traced for bertlab's own program: each layer's attention is the
-    attention operator beside its sgemm products, and the graph gives the eager model's numbers
-    at real tokens, padded rows included. A plain export keeps PyTorch's attention."""
+    attention operator beside its sgemm products (then the pooler's product), and the graph
+    gives the eager model's numbers at real tokens, padded rows included. A plain export keeps
+    PyTorch's attention."""
     on_kernels(monkeypatch)
     model, ids, mask = small_encoder(torch.float32)
     with torch.inference_mode():
@@ -202,7 +204,7 @@ def test_bertlabs_own_program_runs_the_attention_operator_too(monkeypatch):
     with aligned_export(), torch.no_grad():
         program = torch.export.export(model, (ids, mask))
     layer = ["bertlab.sgemm.default", "bertlab.attention.default"] + ["bertlab.sgemm.default"] * 3
-    assert _operators(program) == layer * 3
+    assert _operators(program) == layer * 3 + ["bertlab.sgemm.default"]
     with torch.inference_mode():
         got = program.module()(ids, mask).last_hidden_state
     real = mask.bool()

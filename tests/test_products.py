@@ -293,8 +293,9 @@ def test_no_spare_rows_where_the_products_run_on_sgemm(dtype, monkeypatch):
     with torch.inference_mode():
         model(ids, mask)
     inside = 4 if dtype == torch.float32 else 0
-    assert [t.shape[0] for t in seen] == [78] * (5 - inside) and len(calls) == 4 * 2
-    assert all(c[0].shape[0] == 78 for c in calls)
+    assert [t.shape[0] for t in seen] == [78] * (5 - inside) and len(calls) == 4 * 2 + 1
+    assert all(c[0].shape[0] == 78 for c in calls[:-1])
+    assert calls[-1][0].shape[0] == ids.shape[0]  # the pooler's: a row per sequence
     assert sum(len(c) > 6 and c[6] is not None for c in calls) == inside
 
 
@@ -395,10 +396,11 @@ def test_the_fused_products_equal_pytorchs_own(dtype, kernel, monkeypatch):
     with torch.inference_mode():
         got = model(ids, mask, output_hidden_states=True)
         # per layer: query+key+value as one, the attention's output, the two feed-forward
-        assert len(calls) == 4 * 3  # (the pooler runs as a module: a row per sequence)
+        # and the pooler's (a row per sequence)
+        assert len(calls) == 4 * 3 + 1
         model.set_fast_inference(False)  # every product through PyTorch's nn.Linear
         want = model(ids, mask, output_hidden_states=True)
-    assert len(calls) == 4 * 3
+    assert len(calls) == 4 * 3 + 1
     real = mask.bool()
     tol = 1e-5 if dtype == torch.float32 else 4 * BF16_STEP
     for g, w in zip(got.hidden_states, want.hidden_states, strict=True):

@@ -76,7 +76,8 @@ def product_name(
     """The part a call of seam.linear(layer, x, act, dropout, residual, norm) is timed under:
     its product, with the activation, the residual sum or the layer norm applied inside it or
     right after."""
-    extra = f" + {activation_of(act).name}" if act is not None else ""
+    spec = None if act is None else activation_of(act)  # (the pooler's tanh is in no table)
+    extra = "" if act is None else f" + {spec.name if spec is not None else type(act).__name__}"
     extra += " + residual" if residual is not None else ""
     extra += " + LayerNorm" if norm is not None else ""
     return f"product {layer.in_features} -> {layer.out_features}{extra}"

@@ -260,7 +260,9 @@ class BertPooler(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The [CLS] vectors (B, H) -> (B, H); given (B, T, H), it reads position 0."""
-        return self.activation(self.dense(x[:, 0] if x.dim() == 3 else x))
+        first = x[:, 0] if x.dim() == 3 else x
+        # tanh(W h + b), by the product seam as every layer's products (products.py)
+        return products.linear(self.dense, first, act=self.activation)
 
 
 # ============================================================================ base class

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -40,10 +41,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+_IS_EXPORTING = getattr(torch.compiler, "is_exporting", None)  # (not in every PyTorch)
+
 
 def exporting() -> bool:
     """True while torch.export or ONNX export traces the model."""
-    return bool(getattr(torch.compiler, "is_exporting", lambda: False)())
+    return _IS_EXPORTING is not None and bool(_IS_EXPORTING())
 
 
 _ALIGNED = contextvars.ContextVar("bertlab_aligned_export", default=False)
@@ -226,7 +229,7 @@ class Packing:
         """mask (B, T), nonzero at real tokens, or None for no padding. Every row must hold a
         token: an all-padding row has nothing to attend over and is refused. ``spare_rows``
         (e.g. ``round_rows``) gives the rows to run a batch with padding on."""
-        if mask is None or bool(mask.bool().all()):
+        if mask is None or bool(mask.all()):
             lengths = (seq_len,) * batch
             indices = None
         else:
@@ -234,11 +237,13 @@ class Packing:
             check_rows(mask)
             lengths = tuple(mask.sum(1).tolist())
             indices = mask.reshape(-1).nonzero().squeeze(1)
-        cu = torch.zeros(batch + 1, dtype=torch.int32)
-        cu[1:] = torch.tensor(lengths).cumsum(0)
+        # (one tensor made from the lengths: at batch 1 this layout's small operations cost as
+        # much as a layer's, each a few microseconds beside products that push them out of the
+        # CPU's caches)
+        cu = torch.tensor((0, *itertools.accumulate(lengths)), dtype=torch.int32, device=device)
         n = int(sum(lengths))
         rows = spare_rows(n) if spare_rows is not None and indices is not None else n
-        return cls(batch, seq_len, indices, cu.to(device), lengths, max(lengths), rows)
+        return cls(batch, seq_len, indices, cu, lengths, max(lengths), rows)
 
     # ------------------------------------------------------------------ the seam
     def inputs(
@@ -253,7 +258,7 @@ class Packing:
         B, T = self.batch, self.seq_len
         if position_ids is None:
             position_ids = torch.arange(T, device=self.cu_seqlens.device)
-        positions = self.unpad(position_ids.expand(B, T).unsqueeze(-1)).squeeze(-1)
+        positions = self.unpad(position_ids.expand(B, T))
         ids, types, embeds = (
             None if t is None else self.unpad(t) for t in (input_ids, token_type_ids, inputs_embeds)
         )
@@ -393,6 +398,8 @@ class Packing:
 
     def first_tokens(self, x: torch.Tensor) -> torch.Tensor:
         """(N, ...) -> (B, ...): each sequence's first real token (its [CLS])."""
+        if self.indices is None:  # no padding: every seq_len-th row, a view
+            return x[: self.batch * self.seq_len : self.seq_len]
         return x.index_select(0, self.cu_seqlens[:-1].long())
 
     def mean(self, x: torch.Tensor) -> torch.Tensor:
