@@ -31,10 +31,10 @@
 
    The rounding is done once for all rows, then each thread takes whole panels (OpenMP,
    PyTorch's own runtime: avx2.py checks that one libgomp is loaded). For each panel the rows go
-   through in blocks of 6: 6 rows x 16 columns of sums stay in 12 registers while the inputs
-   stream past, each step of 4 inputs one pair of panel loads, 6 broadcasts and 12 of each of
-   VPMADDUBSW, VPMADDWD and VPADDD (or 12 VPDPBUSD), and the panel (6 KiB at k = 384) stays in
-   the core's cache. No load or store needs aligned memory. */
+   through in blocks of up to 6, as even as can be: 6 rows x 16 columns of sums stay in 12
+   registers while the inputs stream past, each step of 4 inputs one pair of panel loads, 6
+   broadcasts and 12 of each of VPMADDUBSW, VPMADDWD and VPADDD (or 12 VPDPBUSD), and the panel
+   (6 KiB at k = 384) stays in the core's cache. No load or store needs aligned memory. */
 
 #include <float.h>
 #include <immintrin.h>
@@ -288,14 +288,14 @@ int bertlab_qgemm(const float *a, int64_t m, int64_t k, const float *unsmooth, i
       const int64_t col = p * PANEL;
       const int cols = n - col < PANEL ? (int)(n - col) : PANEL;
       const int8_t *next = p + 1 < count ? panel + kp * PANEL : 0;
-      const int64_t prefetching = m > ROWS ? ROWS : 0;
-      for (int64_t row = 0; row < m; row += ROWS) {
-        const int rows = m - row < ROWS ? (int)(m - row) : ROWS;
+      const int64_t blocks = (m + ROWS - 1) / ROWS; /* (as evenly as sgemm_avx2.c's BLOCKS) */
+      for (int64_t b = 0, row = 0, rows; b < blocks; b++, row += rows) {
+        rows = (m - row) / (blocks - b);
         const float *plus = add ? add + row * n + col : 0;
         if (cols == PANEL)
           block(vnni, rows, qa + row * kp, kp, ascale + row, panel, corr + col, wscale + col,
                 bias ? bias + col : 0, gelu, plus, c + row * n + col, n,
-                row == prefetching ? next : 0);
+                b == (blocks > 1) ? next : 0);
         else
           partial(vnni, rows, cols, qa + row * kp, kp, ascale + row, panel, corr + col,
                   wscale + col, bias ? bias + col : 0, gelu, plus, c + row * n + col, n);

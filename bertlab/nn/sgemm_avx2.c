@@ -14,11 +14,11 @@
    c       (m, n) row-major: the output
 
    Each thread takes whole panels (OpenMP, PyTorch's own runtime: avx2.py checks that one
-   libgomp is loaded). For each panel, the rows go through in blocks of 6: 6 rows x 16 columns
-   of sums stay in 12 AVX2 registers while the k inputs stream past, each step one pair of
-   panel loads, 6 broadcasts of an input and 12 fused multiply-adds. The panel (k x 16 floats:
-   24 KiB at k = 384) stays in the core's cache while the row blocks pass over it, and the
-   weights are read from memory once a product, each panel while the one before is computed.
+   libgomp is loaded). For each panel, the rows go through in blocks of up to 6 (BLOCKS): 6
+   rows x 16 columns of sums stay in 12 AVX2 registers while the k inputs stream past, each step
+   one pair of panel loads, 6 broadcasts of an input and 12 fused multiply-adds. The panel (k x
+   16 floats: 24 KiB at k = 384) stays in the core's cache while the row blocks pass over it, and
+   the weights are read from memory once a product, each panel while the one before is computed.
    Each output sums its k terms in order, from zero, then adds the bias. No load or store needs
    aligned memory (a tensor's data may start anywhere). */
 
@@ -29,6 +29,9 @@
 
 #define PANEL 16
 #define ROWS 6
+/* BLOCKS: the m rows go through in the fewest blocks of at most ROWS, their sizes as even as can
+   be (21 rows: 5, 5, 5, 6, not 6, 6, 6, 3): a block of few rows keeps too few sums in flight
+   to hide the multiply-adds' latency. */
 
 /* One block of R rows (1 to 6) x 16 columns over the k inputs; the first `cols` columns are
    written (16, or fewer in the last panel). Written once for every R: the compiler keeps the
@@ -117,13 +120,13 @@ void bertlab_sgemm(const float *a, int64_t m, int64_t k, const float *panels, in
       /* the next panel is prefetched into L2 during one pass over this one (the second, where
          there is one: the first reads this panel from memory), one cache line a step */
       const float *next = p + 1 < count ? panel + k * PANEL : 0;
-      const int64_t prefetching = m > ROWS ? ROWS : 0;
-      for (int64_t row = 0; row < m; row += ROWS) {
-        const int rows = m - row < ROWS ? (int)(m - row) : ROWS;
+      const int64_t blocks = (m + ROWS - 1) / ROWS;
+      for (int64_t b = 0, row = 0, rows; b < blocks; b++, row += rows) {
+        rows = (m - row) / (blocks - b); /* (see BLOCKS) */
         const float *plus = add ? add + row * n + col : 0;
         if (cols == PANEL)
           block(rows, a + row * k, k, panel, k, bias ? bias + col : 0, gelu, plus,
-                c + row * n + col, n, row == prefetching ? next : 0);
+                c + row * n + col, n, b == (blocks > 1) ? next : 0);
         else
           partial(rows, cols, a + row * k, k, panel, k, bias ? bias + col : 0, gelu, plus,
                   c + row * n + col, n);

@@ -1,0 +1,133 @@
+"""bertlab's AVX2 product kernels as built from an earlier revision against the working tree's:
+the bundled model's four product shapes (query-key-value 384 -> 1152, attention output
+384 -> 384, feed-forward 384 -> 1536 with GELU and 1536 -> 384), in float32 (sgemm) and int8
+(qgemm, on the layers quantize_int8 makes), at each row count asked. The two libraries run in
+alternating rounds in one process; each line gives both medians, the median of the per-round
+ratios and whether the two outputs have the same bits.
+
+    python benchmarks/harness/kernel_builds.py --base HEAD~1 [--rows 7,13,21,40] [--threads 2]
+        [--rounds 60]
+
+The revision's C sources (bertlab/nn/avx2.SOURCES and HEADER) are read with ``git show`` and
+built with the same compiler and flags as the working tree's, into a temporary folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from bertlab import BertModel, BertTokenizer
+from bertlab.bench.speed import machine
+from bertlab.nn import avx2, products
+from bertlab.nn.precision import quantize_int8
+
+ROOT = Path(avx2.__file__).resolve().parents[2]
+SENTENCE = "The European Commission said on Thursday it disagreed with German advice."
+
+
+def build(revision: str, folder: Path) -> ctypes.CDLL:
+    """The library from ``revision``'s sources, with the working tree's compiler and flags."""
+    for path in (*avx2.SOURCES, avx2.HEADER):
+        name = path.relative_to(ROOT).as_posix()
+        text = subprocess.run(["git", "-C", str(ROOT), "show", f"{revision}:{name}"],
+                              capture_output=True, check=True).stdout  # fmt: skip
+        (folder / path.name).write_bytes(text)
+    target = folder / "base.so"
+    sources = [str(folder / p.name) for p in avx2.SOURCES]
+    subprocess.run([avx2._compiler(), *avx2.FLAGS, *sources, "-o", str(target)], check=True)
+    lib = ctypes.CDLL(str(target))
+    ours = avx2._kernels()
+    for name in ("sgemm", "qgemm"):
+        theirs = getattr(lib, f"bertlab_{name}")
+        theirs.argtypes, theirs.restype = getattr(ours, name).argtypes, getattr(ours, name).restype
+    return lib
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--base", required=True, help="the git revision to build the other side from")
+    p.add_argument("--rows", default="7,13,21,40")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=60)
+    args = p.parse_args()
+    rows = [int(r) for r in args.rows.split(",")]
+    if any(r < 1 for r in rows) or args.threads < 1 or args.rounds < 1:
+        p.error(f"--rows {args.rows}, --threads {args.threads}, --rounds {args.rounds}: each >= 1")
+    why = avx2.load()
+    if why is not None:
+        raise SystemExit(f"bertlab's AVX2 kernels do not run here: {why}")
+    torch.set_num_threads(args.threads)
+    tok = BertTokenizer.from_pretrained("default")
+    model = BertModel.from_pretrained("default").eval()
+    int8 = quantize_int8(model, [tok([SENTENCE], return_tensors="pt")])
+    print(f"{machine()['cpu']}, {args.threads} threads, torch {torch.__version__}; base "
+          f"{args.base}, {args.rounds} rounds")  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        base, work = build(args.base, Path(tmp)), avx2._kernels()
+        for m in rows:
+            for kind, net in (("float32", model), ("int8", int8)):
+                a = net.encoder.layer[0].attention
+                f = net.encoder.layer[0]
+                shapes = {"384 -> 1152": (a.self.query, a.self.key, a.self.value),
+                          "384 -> 384": (a.output.dense,),
+                          "384 -> 1536 + GELU": (f.intermediate.dense,),
+                          "1536 -> 384": (f.output.dense,)}  # fmt: skip
+                for shape, layers in shapes.items():
+                    time_shape(kind, shape, layers, m, args, base, work)
+
+
+def time_shape(kind, shape, layers, m, args, base, work) -> None:
+    gelu = "GELU" in shape
+    if kind == "float32":
+        panels, bias = products.packed(layers, torch.float32, kernel="sgemm")
+        n, k = sum(layer.out_features for layer in layers), panels.shape[1]
+    else:
+        packed = products.int8_weight(layers)[0].packed
+        n, k = packed.corr.shape[0], packed.inputs
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+    outs = {"base": torch.empty(m, n), "work": torch.empty(m, n)}
+    width = -(-k // avx2.QGROUP) * avx2.QGROUP
+    scratch = torch.empty(m * (width + 4), dtype=torch.uint8)
+    libs = {"base": (base.bertlab_sgemm, base.bertlab_qgemm), "work": (work.sgemm, work.qgemm)}
+
+    def call(side: str) -> None:
+        sgemm, qgemm = libs[side]
+        out = outs[side].data_ptr()
+        if kind == "float32":
+            sgemm(x.data_ptr(), m, k, panels.data_ptr(), n, bias.data_ptr(), gelu, None, None,
+                  None, 0.0, out, args.threads)  # fmt: skip
+            return
+        q, at = packed, scratch.data_ptr()
+        status = qgemm(x.data_ptr(), m, k, None if q.unsmooth is None else q.unsmooth.data_ptr(),
+                       q.levels, q.vnni, q.panels.data_ptr(), q.corr.data_ptr(),
+                       q.scale.data_ptr(), n, q.bias.data_ptr(), gelu, None, None, None, 0.0,
+                       out, at, at + m * width, args.threads)  # fmt: skip
+        if status:
+            raise RuntimeError(f"qgemm returned {status}")
+
+    for side in outs:
+        call(side)
+    same = torch.equal(outs["base"], outs["work"])
+    spent: dict[str, list[float]] = {"base": [], "work": []}
+    for r in range(args.rounds):
+        for side in ("base", "work") if r % 2 == 0 else ("work", "base"):
+            start = time.perf_counter()
+            for _ in range(10):
+                call(side)
+            spent[side].append((time.perf_counter() - start) / 10 * 1e6)
+    ratio = float(np.median(np.array(spent["work"]) / np.array(spent["base"])))
+    print(f"{kind:7s} {m:4d} rows {shape:18s} base {np.median(spent['base']):7.1f} us, "
+          f"work {np.median(spent['work']):7.1f} us, work/base {ratio:.3f}, "
+          f"same bits: {same}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
