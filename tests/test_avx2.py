@@ -64,7 +64,7 @@ def test_products_equal_a_float64_reference_at_every_block_and_panel_shape(rows,
 
 @needs_kernel
 def test_gelu_inside_the_product_is_as_close_to_exact_gelu_as_pytorchs():
-    """The kernel's GELU (erfc by a polynomial, avx2_math.h) on every float32 from -12 to 12 in
+    """The kernel's GELU (erf by a rational fit, avx2_math.h) on every float32 from -12 to 12 in
     steps of 2.4e-4 and at the extremes, through a product with the identity: within 1e-6 of the
     float64 value, plus a unit of the last place. 1e-6 is what PyTorch's own float32 GELU keeps
     on an AVX2 CPU; its AVX-512 code reaches 1.2e-6, and gives inf at 3e38, so the bar is fixed
@@ -77,6 +77,10 @@ def test_gelu_inside_the_product_is_as_close_to_exact_gelu_as_pytorchs():
     err = (got.double() - exact).abs()
     assert (err <= 1e-6 + 1.2e-7 * exact.abs()).all(), z[err.argmax()]
     assert torch.isfinite(got).all()
+    # NaN stays NaN, each value alone in its row (NaN times the identity's zeros is NaN too)
+    special = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0] + [1.0] * 12)
+    got = avx2.product(torch.diag(special), avx2.pack(torch.eye(16)), None, 16, None, True)
+    assert got[0, 0].isnan() and got[1, 1] == float("inf") and got[2, 2] == 0 == got[3, 3]
 
 
 @needs_kernel

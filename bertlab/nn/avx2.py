@@ -24,8 +24,8 @@ sitting:
 * sgemm_avx2.c: one loop of AVX2 fused multiply-adds over 6 rows x 16 columns. It sums each
   output's terms in order, then adds the bias, so its results differ from oneDNN's and PyTorch's
   by rounding only (about 1e-6 relative). The feed-forward network's GELU (with erf) is applied
-  to each block while it is in registers, by a polynomial (avx2_math.h: erfc to 1.2e-7
-  relative), which differs from PyTorch's GELU by rounding only;
+  to each block while it is in registers, by a rational fit of erf (avx2_math.h: within
+  1.5e-6 of the float64 GELU, as PyTorch's own float32 GELU is within 1.2e-6 on AVX-512);
 * int8_avx2.c: precision.py's int8 product (per-token activations rounded to 7 bits, inside the
   call; per-channel int8 weights; sums exact in int32) with VPMADDUBSW and VPMADDWD over 6 rows
   x 16 columns, its float32 arithmetic that of precision.py to the bit; GELU and the residual
