@@ -6,7 +6,12 @@ alternating rounds in one process; each line gives both medians, the median of t
 ratios and whether the two outputs have the same bits.
 
     python benchmarks/harness/kernel_builds.py --base HEAD~1 [--rows 7,13,21,40] [--threads 2]
-        [--rounds 60]
+        [--rounds 60] [--sentences 40]
+
+With ``--sentences N`` it then times the whole bundled model, float32 and int8, on the first N
+sentences of the bundled SST-2 dev sample one by one (batch 1), the two libraries' products
+swapped in alternating rounds (a fifth of --rounds), and prints tokens a second and the median
+ratio of the rounds' times.
 
 The revision's C sources (bertlab/nn/avx2.SOURCES and HEADER) are read with ``git show`` and
 built with the same compiler and flags as the working tree's, into a temporary folder.
@@ -20,6 +25,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -57,6 +63,7 @@ def main() -> None:
     p.add_argument("--rows", default="7,13,21,40")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=60)
+    p.add_argument("--sentences", type=int, default=0, help="then the model on N sentences")
     args = p.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     if any(r < 1 for r in rows) or args.threads < 1 or args.rounds < 1:
@@ -82,6 +89,38 @@ def main() -> None:
                           "1536 -> 384": (f.output.dense,)}  # fmt: skip
                 for shape, layers in shapes.items():
                     time_shape(kind, shape, layers, m, args, base, work)
+        if args.sentences:
+            for kind, net in (("float32", model), ("int8", int8)):
+                time_model(kind, net, tok, args, base, work)
+
+
+def time_model(kind, net, tok, args, base, work) -> None:
+    """The model on single sentences, with each library's products swapped in by turns."""
+    samples = Path(avx2.__file__).resolve().parents[1] / "data" / "samples" / "sst2_dev.tsv"
+    lines = samples.read_text(encoding="utf-8").splitlines()[1 : args.sentences + 1]
+    batches = [tok([line.split("\t")[0]], return_tensors="pt") for line in lines]
+    tokens = sum(int(b["attention_mask"].sum()) for b in batches)
+    theirs = SimpleNamespace(**vars(work))
+    theirs.sgemm, theirs.qgemm = base.bertlab_sgemm, base.bertlab_qgemm
+    spent: dict[str, list[float]] = {"base": [], "work": []}
+    with torch.inference_mode():
+        try:
+            for r in range(-2, max(args.rounds // 5, 1)):
+                for side in ("base", "work") if r % 2 == 0 else ("work", "base"):
+                    avx2._LOADED[0] = theirs if side == "base" else work
+                    start = time.perf_counter()
+                    for batch in batches:
+                        net(**batch)
+                    if r >= 0:  # (two warm-up rounds)
+                        spent[side].append(time.perf_counter() - start)
+        finally:
+            avx2._LOADED[0] = work
+    ratio = float(np.median(np.array(spent["work"]) / np.array(spent["base"])))
+    rate = {side: tokens / float(np.median(t)) for side, t in spent.items()}
+    print(
+        f"{kind:7s} model, {len(batches)} SST-2 sentences one by one ({tokens} tokens): base "
+        f"{rate['base']:,.0f} tokens/s, work {rate['work']:,.0f}, time work/base {ratio:.3f}"
+    )
 
 
 def time_shape(kind, shape, layers, m, args, base, work) -> None:
