@@ -315,7 +315,7 @@ def reference_attention(q, k, v, lengths):
     [
         ((21,), 12, 32),  # a short sentence at the bundled model's shape
         ((1,), 2, 32),  # one token: its own value
-        ((9, 30, 1, 33, 17), 4, 64),  # mixed lengths, some past a multiple of 32 keys
+        ((9, 30, 1, 33, 17), 4, 64),  # mixed lengths, past a multiple of 32 keys, 1-4 registers
         ((96,), 2, 8),  # past the longest the policy gives it, the narrowest head
         ((7, 40), 3, 24),  # a head of 24: a partial block of outputs
     ],

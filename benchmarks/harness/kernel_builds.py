@@ -1,9 +1,10 @@
-"""bertlab's AVX2 product kernels as built from an earlier revision against the working tree's:
-the bundled model's four product shapes (query-key-value 384 -> 1152, attention output
+"""bertlab's AVX2 kernels as built from an earlier revision against the working tree's: the
+bundled model's four product shapes (query-key-value 384 -> 1152, attention output
 384 -> 384, feed-forward 384 -> 1536 with GELU and 1536 -> 384), in float32 (sgemm) and int8
-(qgemm, on the layers quantize_int8 makes), at each row count asked. The two libraries run in
-alternating rounds in one process; each line gives both medians, the median of the per-round
-ratios and whether the two outputs have the same bits.
+(qgemm, on the layers quantize_int8 makes), and its attention (one sequence, 12 heads of 32),
+at each row count asked. The two libraries run in alternating rounds in one process; each line
+gives both medians, the median of the per-round ratios and whether the two outputs have the
+same bits.
 
     python benchmarks/harness/kernel_builds.py --base HEAD~1 [--rows 7,13,21,40] [--threads 2]
         [--rounds 60] [--sentences 40]
@@ -11,7 +12,7 @@ ratios and whether the two outputs have the same bits.
 With ``--sentences N`` it then times the whole bundled model, float32 and int8, on the first N
 sentences of the bundled SST-2 dev sample one by one (batch 1), the two libraries' products
 swapped in alternating rounds (a fifth of --rounds), and prints tokens a second and the median
-ratio of the rounds' times.
+ratio of the rounds' times (the products and the attention of each library).
 
 The revision's C sources (bertlab/nn/avx2.SOURCES and HEADER) are read with ``git show`` and
 built with the same compiler and flags as the working tree's, into a temporary folder.
@@ -51,7 +52,7 @@ def build(revision: str, folder: Path) -> ctypes.CDLL:
     subprocess.run([avx2._compiler(), *avx2.FLAGS, *sources, "-o", str(target)], check=True)
     lib = ctypes.CDLL(str(target))
     ours = avx2._kernels()
-    for name in ("sgemm", "qgemm"):
+    for name in ("sgemm", "qgemm", "attention"):
         theirs = getattr(lib, f"bertlab_{name}")
         theirs.argtypes, theirs.restype = getattr(ours, name).argtypes, getattr(ours, name).restype
     return lib
@@ -89,19 +90,21 @@ def main() -> None:
                           "1536 -> 384": (f.output.dense,)}  # fmt: skip
                 for shape, layers in shapes.items():
                     time_shape(kind, shape, layers, m, args, base, work)
+            time_attention(m, args, base, work)
         if args.sentences:
             for kind, net in (("float32", model), ("int8", int8)):
                 time_model(kind, net, tok, args, base, work)
 
 
 def time_model(kind, net, tok, args, base, work) -> None:
-    """The model on single sentences, with each library's products swapped in by turns."""
+    """The model on single sentences, with each library's kernels swapped in by turns."""
     samples = Path(avx2.__file__).resolve().parents[1] / "data" / "samples" / "sst2_dev.tsv"
     lines = samples.read_text(encoding="utf-8").splitlines()[1 : args.sentences + 1]
     batches = [tok([line.split("\t")[0]], return_tensors="pt") for line in lines]
     tokens = sum(int(b["attention_mask"].sum()) for b in batches)
     theirs = SimpleNamespace(**vars(work))
     theirs.sgemm, theirs.qgemm = base.bertlab_sgemm, base.bertlab_qgemm
+    theirs.attention = base.bertlab_attention
     spent: dict[str, list[float]] = {"base": [], "work": []}
     with torch.inference_mode():
         try:
@@ -121,6 +124,42 @@ def time_model(kind, net, tok, args, base, work) -> None:
         f"{kind:7s} model, {len(batches)} SST-2 sentences one by one ({tokens} tokens): base "
         f"{rate['base']:,.0f} tokens/s, work {rate['work']:,.0f}, time work/base {ratio:.3f}"
     )
+
+
+def time_attention(m, args, base, work) -> None:
+    """The attention of one sequence of m tokens, 12 heads of 32, as the model calls it."""
+    qkv = torch.randn(m, 3, 12, 32, generator=torch.Generator().manual_seed(m))
+    q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
+    starts = torch.tensor([0, m], dtype=torch.int32)
+    scratch = torch.empty(4 * args.threads * 34 * (-(-m // 32) * 32), dtype=torch.uint8)
+    outs = {"base": torch.empty(m, 12, 32), "work": torch.empty(m, 12, 32)}
+    libs = {"base": base.bertlab_attention, "work": work.attention}
+
+    def call(side: str) -> None:
+        status = libs[side](q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(),
+                            v.stride(0), outs[side].data_ptr(), 384, starts.data_ptr(), 1, m, m,
+                            12, 32, 32**-0.5, scratch.data_ptr(), args.threads)  # fmt: skip
+        if status:
+            raise RuntimeError(f"attention returned {status}")
+
+    report(f"float32 {m:4d} rows {'attention':18s}", call, outs, args)
+
+
+def report(what: str, call, outs, args) -> None:
+    """Both sides once, their bits compared, then --rounds alternating rounds of 10 calls."""
+    for side in outs:
+        call(side)
+    same = torch.equal(outs["base"], outs["work"])
+    spent: dict[str, list[float]] = {"base": [], "work": []}
+    for r in range(args.rounds):
+        for side in ("base", "work") if r % 2 == 0 else ("work", "base"):
+            start = time.perf_counter()
+            for _ in range(10):
+                call(side)
+            spent[side].append((time.perf_counter() - start) / 10 * 1e6)
+    ratio = float(np.median(np.array(spent["work"]) / np.array(spent["base"])))
+    print(f"{what} base {np.median(spent['base']):7.1f} us, work {np.median(spent['work']):7.1f} "
+          f"us, work/base {ratio:.3f}, same bits: {same}")  # fmt: skip
 
 
 def time_shape(kind, shape, layers, m, args, base, work) -> None:
@@ -152,20 +191,7 @@ def time_shape(kind, shape, layers, m, args, base, work) -> None:
         if status:
             raise RuntimeError(f"qgemm returned {status}")
 
-    for side in outs:
-        call(side)
-    same = torch.equal(outs["base"], outs["work"])
-    spent: dict[str, list[float]] = {"base": [], "work": []}
-    for r in range(args.rounds):
-        for side in ("base", "work") if r % 2 == 0 else ("work", "base"):
-            start = time.perf_counter()
-            for _ in range(10):
-                call(side)
-            spent[side].append((time.perf_counter() - start) / 10 * 1e6)
-    ratio = float(np.median(np.array(spent["work"]) / np.array(spent["base"])))
-    print(f"{kind:7s} {m:4d} rows {shape:18s} base {np.median(spent['base']):7.1f} us, "
-          f"work {np.median(spent['work']):7.1f} us, work/base {ratio:.3f}, "
-          f"same bits: {same}")  # fmt: skip
+    report(f"{kind:7s} {m:4d} rows {shape:18s}", call, outs, args)
 
 
 if __name__ == "__main__":

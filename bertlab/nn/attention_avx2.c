@@ -21,33 +21,45 @@
 
 #include "avx2_math.h"
 
-/* R queries (1 or 2) of one head, rows q, q + ldq, over the t keys: their scores, softmax and
-   weighted sums of values. The scores come 32 keys at a time, 4 x R sums in registers while
-   the queries' d values are broadcast against the transposed keys kt (d rows of tp floats).
-   The weighted sums keep 32 of each query's d outputs in registers at a time (d a multiple of
-   8) while the values stream past. With R = 2 every key and value loaded serves two queries. */
+/* The scores of R queries (1 or 2) against W registers of 8 keys (1 to 4) from key j:
+   s_r[j..j+8W) = q_r . k * scale, W x R sums in registers while the queries' d values are
+   broadcast against the transposed keys kt (d rows of tp floats). R and W are constants where
+   it is called, so each (R, W) is its own unrolled loop. */
+static inline __attribute__((always_inline)) void scores(
+    const int R, const int W, const float *restrict q, int64_t ldq, const float *restrict kt,
+    int64_t tp, int64_t j, int64_t d, float scale, float *restrict s) {
+  const __m256 z = _mm256_setzero_ps();
+  __m256 a[2][4] = {{z, z, z, z}, {z, z, z, z}};
+  for (int64_t e = 0; e < d; e++) {
+    const float *row = kt + e * tp + j;
+    __m256 k[4];
+    for (int c = 0; c < W; c++) k[c] = _mm256_loadu_ps(row + 8 * c);
+    for (int r = 0; r < R; r++) {
+      const __m256 x = _mm256_broadcast_ss(q + r * ldq + e);
+      for (int c = 0; c < W; c++) a[r][c] = _mm256_fmadd_ps(x, k[c], a[r][c]);
+    }
+  }
+  for (int r = 0; r < R; r++)
+    for (int c = 0; c < W; c++)
+      _mm256_storeu_ps(s + r * tp + j + 8 * c, _mm256_mul_ps(a[r][c], _mm256_set1_ps(scale)));
+}
+
+/* R queries (1 or 2) of one head, rows q, q + ldq, over the t keys: their scores, 32 keys at a
+   time (fewer in the last registers, tp being t rounded up to 8), softmax and weighted sums of
+   values. The weighted sums keep 32 of each query's d outputs in registers at a time (d a
+   multiple of 8) while the values stream past. With R = 2 every key and value loaded serves two
+   queries. */
 static inline __attribute__((always_inline)) void queries(
     const int R, const float *restrict q, int64_t ldq, const float *restrict kt, int64_t tp,
     const float *restrict v, int64_t ldv, float *restrict out, int64_t ldo, int64_t t, int64_t d,
     float scale, float *restrict s) {
   const __m256 z = _mm256_setzero_ps();
-  for (int64_t j = 0; j < tp; j += 32) { /* s_r[j..j+32) = q_r . k_j.. * scale */
-    __m256 a[2][4] = {{z, z, z, z}, {z, z, z, z}};
-    for (int64_t e = 0; e < d; e++) {
-      const float *row = kt + e * tp + j;
-      const __m256 k0 = _mm256_loadu_ps(row), k1 = _mm256_loadu_ps(row + 8);
-      const __m256 k2 = _mm256_loadu_ps(row + 16), k3 = _mm256_loadu_ps(row + 24);
-      for (int r = 0; r < R; r++) {
-        const __m256 x = _mm256_broadcast_ss(q + r * ldq + e);
-        a[r][0] = _mm256_fmadd_ps(x, k0, a[r][0]);
-        a[r][1] = _mm256_fmadd_ps(x, k1, a[r][1]);
-        a[r][2] = _mm256_fmadd_ps(x, k2, a[r][2]);
-        a[r][3] = _mm256_fmadd_ps(x, k3, a[r][3]);
-      }
-    }
-    for (int r = 0; r < R; r++)
-      for (int c = 0; c < 4; c++)
-        _mm256_storeu_ps(s + r * tp + j + 8 * c, _mm256_mul_ps(a[r][c], _mm256_set1_ps(scale)));
+  for (int64_t j = 0; j < tp; j += 32) {
+    const int64_t w = tp - j < 32 ? (tp - j) / 8 : 4; /* registers of keys: 1 to 4 */
+    if (w == 4) scores(R, 4, q, ldq, kt, tp, j, d, scale, s);
+    else if (w == 3) scores(R, 3, q, ldq, kt, tp, j, d, scale, s);
+    else if (w == 2) scores(R, 2, q, ldq, kt, tp, j, d, scale, s);
+    else scores(R, 1, q, ldq, kt, tp, j, d, scale, s);
   }
   __m256 inv[2];
   for (int r = 0; r < R; r++) { /* s_r = e^(s_r - max s_r); inv = 1 / sum s_r */
@@ -92,11 +104,13 @@ static inline __attribute__((always_inline)) void queries(
 
 /* One head of one sequence: t queries over the same t keys, two queries at a time. The keys
    are first copied transposed into kt (d x tp, zeros past t), so that scores come 8 keys to a
-   register; s holds two rows of tp scores. */
+   register; s holds two rows of tp scores. tp is t rounded up to 8 (to 32 before 2026-11-28:
+   21 keys took 32 keys' work), the last registers of keys left out where fewer than 4 remain:
+   each score is the same sum, in the same order, either way. */
 static void one_head(const float *restrict q, int64_t ldq, const float *restrict k, int64_t ldk,
                      const float *restrict v, int64_t ldv, float *restrict out, int64_t ldo,
                      int64_t t, int64_t d, float scale, float *restrict kt, float *restrict s) {
-  const int64_t tp = (t + 31) / 32 * 32; /* kt's row length: keys padded with zeros to 32 */
+  const int64_t tp = (t + 7) / 8 * 8; /* kt's row length: keys padded with zeros to 8 */
   for (int64_t e = 0; e < d; e++) {
     for (int64_t j = 0; j < t; j++) kt[e * tp + j] = k[j * ldk + e];
     for (int64_t j = t; j < tp; j++) kt[e * tp + j] = 0.f;
