@@ -64,7 +64,7 @@ def reference(x, w, scale, bias, levels, unsmooth=None):
         (1, 384, 384),  # one row: a block of 1
         (5, 384, 1152),  # blocks of 1 to 6 rows
         (6, 384, 384),
-        (7, 96, 48),  # blocks of 3 and 4 (the rows shared evenly, as sgemm_avx2.c's BLOCKS)
+        (7, 96, 48),  # blocks of 3 and 4 (the rows shared evenly, as sgemm_avx2.c's ROWS)
         (2, 96, 40),  # a block of 2
         (21, 384, 1536),  # a short sentence at the model's widths: 5, 5, 5 and 6
         (90, 1536, 384),  # many blocks, the feed-forward's long sums

@@ -11,8 +11,9 @@ same bits.
 
 With ``--sentences N`` it then times the whole bundled model, float32 and int8, on the first N
 sentences of the bundled SST-2 dev sample one by one (batch 1), the two libraries' products
-swapped in alternating rounds (a fifth of --rounds), and prints tokens a second and the median
-ratio of the rounds' times (the products and the attention of each library).
+swapped in alternating rounds (a fifth of --rounds, bertlab.bench.speed.alternate), and prints
+tokens a second and the median ratio of the rounds' times (the products and the attention of
+each library).
 
 The revision's C sources (bertlab/nn/avx2.SOURCES and HEADER) are read with ``git show`` and
 built with the same compiler and flags as the working tree's, into a temporary folder.
@@ -32,7 +33,7 @@ import numpy as np
 import torch
 
 from bertlab import BertModel, BertTokenizer
-from bertlab.bench.speed import machine
+from bertlab.bench.speed import alternate, machine
 from bertlab.nn import avx2, products
 from bertlab.nn.precision import quantize_int8
 
@@ -82,12 +83,12 @@ def main() -> None:
         base, work = build(args.base, Path(tmp)), avx2._kernels()
         for m in rows:
             for kind, net in (("float32", model), ("int8", int8)):
-                a = net.encoder.layer[0].attention
-                f = net.encoder.layer[0]
+                layer = net.encoder.layer[0]
+                a = layer.attention
                 shapes = {"384 -> 1152": (a.self.query, a.self.key, a.self.value),
                           "384 -> 384": (a.output.dense,),
-                          "384 -> 1536 + GELU": (f.intermediate.dense,),
-                          "1536 -> 384": (f.output.dense,)}  # fmt: skip
+                          "384 -> 1536 + GELU": (layer.intermediate.dense,),
+                          "1536 -> 384": (layer.output.dense,)}  # fmt: skip
                 for shape, layers in shapes.items():
                     time_shape(kind, shape, layers, m, args, base, work)
             time_attention(m, args, base, work)
@@ -105,17 +106,16 @@ def time_model(kind, net, tok, args, base, work) -> None:
     theirs = SimpleNamespace(**vars(work))
     theirs.sgemm, theirs.qgemm = base.bertlab_sgemm, base.bertlab_qgemm
     theirs.attention = base.bertlab_attention
-    spent: dict[str, list[float]] = {"base": [], "work": []}
+
+    def run(kernels: SimpleNamespace) -> None:
+        avx2._LOADED[0] = kernels  # (the loaded library's functions: avx2._kernels)
+        for batch in batches:
+            net(**batch)
+
     with torch.inference_mode():
         try:
-            for r in range(-2, max(args.rounds // 5, 1)):
-                for side in ("base", "work") if r % 2 == 0 else ("work", "base"):
-                    avx2._LOADED[0] = theirs if side == "base" else work
-                    start = time.perf_counter()
-                    for batch in batches:
-                        net(**batch)
-                    if r >= 0:  # (two warm-up rounds)
-                        spent[side].append(time.perf_counter() - start)
+            runs = {"base": lambda: run(theirs), "work": lambda: run(work)}
+            spent = alternate(runs, repeats=max(args.rounds // 5, 1), warmup=2)
         finally:
             avx2._LOADED[0] = work
     ratio = float(np.median(np.array(spent["work"]) / np.array(spent["base"])))

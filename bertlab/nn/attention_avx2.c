@@ -104,9 +104,8 @@ static inline __attribute__((always_inline)) void queries(
 
 /* One head of one sequence: t queries over the same t keys, two queries at a time. The keys
    are first copied transposed into kt (d x tp, zeros past t), so that scores come 8 keys to a
-   register; s holds two rows of tp scores. tp is t rounded up to 8 (to 32 before 2026-11-28:
-   21 keys took 32 keys' work), the last registers of keys left out where fewer than 4 remain:
-   each score is the same sum, in the same order, either way. */
+   register; s holds two rows of tp scores. tp is t rounded up to 8, not 32, so that 21 keys
+   take 24 keys' work (queries leaves out the registers of keys past tp). */
 static void one_head(const float *restrict q, int64_t ldq, const float *restrict k, int64_t ldk,
                      const float *restrict v, int64_t ldv, float *restrict out, int64_t ldo,
                      int64_t t, int64_t d, float scale, float *restrict kt, float *restrict s) {

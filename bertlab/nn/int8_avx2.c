@@ -288,7 +288,7 @@ int bertlab_qgemm(const float *a, int64_t m, int64_t k, const float *unsmooth, i
       const int64_t col = p * PANEL;
       const int cols = n - col < PANEL ? (int)(n - col) : PANEL;
       const int8_t *next = p + 1 < count ? panel + kp * PANEL : 0;
-      const int64_t blocks = (m + ROWS - 1) / ROWS; /* (as evenly as sgemm_avx2.c's BLOCKS) */
+      const int64_t blocks = (m + ROWS - 1) / ROWS; /* (as evenly as sgemm_avx2.c's) */
       for (int64_t b = 0, row = 0, rows; b < blocks; b++, row += rows) {
         rows = (m - row) / (blocks - b);
         const float *plus = add ? add + row * n + col : 0;

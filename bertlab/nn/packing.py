@@ -237,9 +237,8 @@ class Packing:
             check_rows(mask)
             lengths = tuple(mask.sum(1).tolist())
             indices = mask.reshape(-1).nonzero().squeeze(1)
-        # (one tensor made from the lengths: at batch 1 this layout's small operations cost as
-        # much as a layer's, each a few microseconds beside products that push them out of the
-        # CPU's caches)
+        # (one tensor from the lengths: at batch 1 each small operation costs microseconds, the
+        # products around it having pushed it out of the CPU's caches)
         cu = torch.tensor((0, *itertools.accumulate(lengths)), dtype=torch.int32, device=device)
         n = int(sum(lengths))
         rows = spare_rows(n) if spare_rows is not None and indices is not None else n

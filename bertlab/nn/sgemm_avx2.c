@@ -14,7 +14,7 @@
    c       (m, n) row-major: the output
 
    Each thread takes whole panels (OpenMP, PyTorch's own runtime: avx2.py checks that one
-   libgomp is loaded). For each panel, the rows go through in blocks of up to 6 (BLOCKS): 6
+   libgomp is loaded). For each panel, the rows go through in blocks of up to 6 (ROWS): 6
    rows x 16 columns of sums stay in 12 AVX2 registers while the k inputs stream past, each step
    one pair of panel loads, 6 broadcasts of an input and 12 fused multiply-adds. The panel (k x
    16 floats: 24 KiB at k = 384) stays in the core's cache while the row blocks pass over it, and
@@ -28,10 +28,10 @@
 #include "avx2_math.h"
 
 #define PANEL 16
+/* The most rows of a block. The m rows go through in the fewest blocks of at most ROWS, their
+   sizes as even as can be (21 rows: 5, 5, 5, 6, not 6, 6, 6, 3): a block of few rows keeps too
+   few sums in flight to hide the multiply-adds' latency. */
 #define ROWS 6
-/* BLOCKS: the m rows go through in the fewest blocks of at most ROWS, their sizes as even as can
-   be (21 rows: 5, 5, 5, 6, not 6, 6, 6, 3): a block of few rows keeps too few sums in flight
-   to hide the multiply-adds' latency. */
 
 /* One block of R rows (1 to 6) x 16 columns over the k inputs; the first `cols` columns are
    written (16, or fewer in the last panel). Written once for every R: the compiler keeps the
@@ -122,7 +122,7 @@ void bertlab_sgemm(const float *a, int64_t m, int64_t k, const float *panels, in
       const float *next = p + 1 < count ? panel + k * PANEL : 0;
       const int64_t blocks = (m + ROWS - 1) / ROWS;
       for (int64_t b = 0, row = 0, rows; b < blocks; b++, row += rows) {
-        rows = (m - row) / (blocks - b); /* (see BLOCKS) */
+        rows = (m - row) / (blocks - b); /* (see ROWS) */
         const float *plus = add ? add + row * n + col : 0;
         if (cols == PANEL)
           block(rows, a + row * k, k, panel, k, bias ? bias + col : 0, gelu, plus,
