@@ -15,13 +15,15 @@ swapped in alternating rounds (a fifth of --rounds, bertlab.bench.speed.alternat
 tokens a second and the median ratio of the rounds' times (the products and the attention of
 each library).
 
-The revision's C sources (bertlab/nn/avx2.SOURCES and HEADER) are read with ``git show`` and
-built with the same compiler and flags as the working tree's, into a temporary folder.
+The revision's C sources and headers (every .c and .h file of bertlab/nn there) are read with
+``git show`` and built with that revision's flags (its avx2.FLAGS) and the working tree's
+compiler, into a temporary folder.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import ctypes
 import subprocess
 import tempfile
@@ -42,15 +44,27 @@ SENTENCE = "The European Commission said on Thursday it disagreed with German ad
 
 
 def build(revision: str, folder: Path) -> ctypes.CDLL:
-    """The library from ``revision``'s sources, with the working tree's compiler and flags."""
-    for path in (*avx2.SOURCES, avx2.HEADER):
-        name = path.relative_to(ROOT).as_posix()
-        text = subprocess.run(["git", "-C", str(ROOT), "show", f"{revision}:{name}"],
+    """The library from ``revision``'s C sources and headers (every .c and .h file of
+    bertlab/nn there), with the compiler flags of that revision's avx2.FLAGS."""
+    nn = Path(avx2.__file__).parent.relative_to(ROOT).as_posix()
+
+    def show(name: str) -> bytes:
+        return subprocess.run(["git", "-C", str(ROOT), "show", f"{revision}:{nn}/{name}"],
                               capture_output=True, check=True).stdout  # fmt: skip
-        (folder / path.name).write_bytes(text)
+
+    command = ["git", "-C", str(ROOT), "ls-tree", "--name-only", revision, f"{nn}/"]
+    listing = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    names = [Path(line).name for line in listing.split() if line.endswith((".c", ".h"))]
+    for name in names:
+        (folder / name).write_bytes(show(name))
+    flags = next(
+        ast.literal_eval(node.value)
+        for node in ast.parse(show("avx2.py")).body
+        if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "FLAGS"
+    )
     target = folder / "base.so"
-    sources = [str(folder / p.name) for p in avx2.SOURCES]
-    subprocess.run([avx2._compiler(), *avx2.FLAGS, *sources, "-o", str(target)], check=True)
+    sources = [str(folder / name) for name in names if name.endswith(".c")]
+    subprocess.run([avx2._compiler(), *flags, *sources, "-o", str(target)], check=True)
     lib = ctypes.CDLL(str(target))
     ours = avx2._kernels()
     for name in ("sgemm", "qgemm", "attention"):
