@@ -1,6 +1,7 @@
-"""bertlab's AVX2 float32 kernels (bertlab/nn/avx2.py, sgemm_avx2.c, attention_avx2.c): products
-and attention against a float64 reference at every shape their blocks meet, the same bits on any
-thread count, the whole model on them equal to PyTorch's own kernels, bad shapes refused by
+"""bertlab's AVX2 float32 kernels (bertlab/nn/avx2.py, sgemm_avx2.c, attention_avx2.c,
+embeddings_avx2.c): products and attention against a float64 reference at every shape their
+blocks meet, the embeddings against PyTorch's operations, the same bits on any thread count,
+the whole model on them equal to PyTorch's own kernels, bad shapes refused by
 name, and where they cannot be built (no compiler, a failed build) a warning and oneDNN's
 products, or, where forced, an error saying why. The policy that chooses them is tested with
 each CPU class simulated (test_cpu.py)."""
@@ -573,3 +574,95 @@ def test_eager_onednn_s8_layers_run_in_three_calls_with_the_unfused_numbers(monk
         want = q(ids, mask).last_hidden_state
     real_rows = mask.bool()
     torch.testing.assert_close(got[real_rows], want[real_rows], rtol=1e-4, atol=1e-4)
+
+
+def tables(h, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    word, types, pos = (torch.randn(rows, h, generator=g) for rows in (50, 2, 40))
+    norm = avx2.Norm(torch.rand(h, generator=g) + 0.5, torch.randn(h, generator=g), 1e-12)
+    return word, types, pos, norm
+
+
+@needs_kernel
+@pytest.mark.parametrize(("n", "h"), [(1, 8), (21, 384), (300, 384)])  # 300 x 384: on 2 threads
+def test_embed_gives_the_tables_rows_summed_and_normalized(n, h):
+    """avx2.embed: (word[ids] + type[types]) + pos[positions], normalized, against PyTorch's
+    operations (the layer norm's rounding apart), types None as all 0; the same bits on any
+    thread count."""
+    word, types, pos, norm = tables(h)
+    g = torch.Generator().manual_seed(n)
+    ids, kinds = torch.randint(0, 50, (n,), generator=g), torch.randint(0, 2, (n,), generator=g)
+    positions = torch.randint(0, 40, (n,), generator=g)
+    for given in (kinds, None):
+        got = avx2.embed(ids, given, positions, word, types, pos, norm)
+        chosen = kinds if given is not None else torch.zeros_like(kinds)
+        want = F.layer_norm((word[ids] + types[chosen]) + pos[positions], (h,), norm.weight,
+                            norm.bias, norm.eps)  # fmt: skip
+        assert got.shape == (n, h) and got.dtype == torch.float32
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = avx2.embed(ids, kinds, positions, word, types, pos, norm)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(alone, avx2.embed(ids, kinds, positions, word, types, pos, norm))
+
+
+@needs_kernel
+def test_embed_refuses_what_it_cannot_read_naming_it():
+    word, types, pos, norm = tables(16)
+    ids = torch.tensor([1, 2, 3])
+    with pytest.raises(ValueError, match=r"ids \(3,\) torch.int32.*int64 \(n,\) indices"):
+        avx2.embed(ids.int(), None, ids, word, types, pos, norm)
+    with pytest.raises(ValueError, match="H a multiple of 8"):
+        odd = word[:, :12].contiguous()
+        avx2.embed(ids, None, ids, odd, types[:, :12].contiguous(), pos[:, :12].contiguous(),
+                   norm)  # fmt: skip
+    with pytest.raises(ValueError, match=r"outside its table \(ids < 50, types < 2"):
+        avx2.embed(torch.tensor([1, 50, 3]), None, ids, word, types, pos, norm)
+    with pytest.raises(ValueError, match="outside its table"):
+        avx2.embed(ids, torch.tensor([0, 2, 0]), ids, word, types, pos, norm)
+
+
+@needs_kernel
+@pytest.mark.skipif(not products._onednn_here(), reason="float32 takes PyTorch's kernels here")
+def test_the_embeddings_run_on_the_kernel_where_the_policy_says_and_only_then(monkeypatch):
+    """Float32 inference on sgemm-avx2's policy: the embeddings are one call of the kernel a
+    forward, and the hidden states equal those of their modules. Not where a gradient is
+    recorded, a hook watches a table, dropout is on, set_fast_inference(False) sends everything
+    through the modules, or the float32 kernel is another."""
+    on_sgemm(monkeypatch)
+    calls = []
+    real = avx2.embed
+    monkeypatch.setattr(avx2, "embed", lambda *a: calls.append(a) or real(*a))
+    model, ids, mask = small_encoder(torch.float32)
+    types = (torch.arange(30) >= 12).long().expand(3, 30)
+    with torch.inference_mode():
+        got = model(ids, mask, types)
+    assert len(calls) == 1 and calls[0][0].shape == (int(mask.sum()),)  # the real tokens only
+    model.set_fast_inference(False)
+    with torch.inference_mode():
+        want = model(ids, mask, types)
+    assert len(calls) == 1
+    real_tokens = mask.bool()
+    got, want = got.last_hidden_state[real_tokens], want.last_hidden_state[real_tokens]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    model.set_fast_inference(True)
+    with torch.inference_mode():
+        model(ids, mask, types)
+    assert len(calls) == 2
+    model(ids, mask).last_hidden_state.sum().backward()  # a gradient recorded
+    handle = model.embeddings.word_embeddings.register_forward_hook(lambda *a: None)
+    with torch.inference_mode():
+        model(ids, mask)
+    handle.remove()
+    model.train()  # dropout on
+    with torch.no_grad():
+        model(ids, mask)
+    model.eval()
+    policy = dataclasses.replace(cpu.current(), float32_kernel="onednn")
+    monkeypatch.setattr(cpu, "_CURRENT", [policy])
+    with torch.inference_mode():
+        model(ids, mask)
+    assert len(calls) == 2

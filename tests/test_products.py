@@ -279,8 +279,8 @@ def test_no_spare_rows_where_the_products_run_on_sgemm(dtype, monkeypatch):
     """sgemm-avx2 builds nothing per shape, so a packed batch runs its own rows only (a spare
     row would be arithmetic for nothing), in float32 and in bfloat16's float32 route: the
     products' inputs and the layer norms' (in float32 each layer's two run inside the
-    products, the embeddings' as its module). bfloat16's float32 route is set where this CPU
-    computes bfloat16 natively."""
+    products and the embeddings' inside their kernel, avx2.embed; in bfloat16 all five as
+    modules). bfloat16's float32 route is set where this CPU computes bfloat16 natively."""
     few_rows_on(monkeypatch, "sgemm-avx2")
     if dtype == torch.bfloat16:
         policy = cpu.current()
@@ -288,12 +288,15 @@ def test_no_spare_rows_where_the_products_run_on_sgemm(dtype, monkeypatch):
         monkeypatch.setattr(cpu, "_CURRENT", [dataclasses.replace(policy, products=products_)])
     calls = spy_sgemm(monkeypatch)
     model, ids, mask = _ffn_model(dtype)
-    seen = []
+    seen, embedded = [], []
     monkeypatch.setattr(torch.nn.functional, "layer_norm", _spy(F.layer_norm, seen))
+    monkeypatch.setattr(avx2, "embed", _spy(avx2.embed, embedded))
     with torch.inference_mode():
         model(ids, mask)
     inside = 4 if dtype == torch.float32 else 0
-    assert [t.shape[0] for t in seen] == [78] * (5 - inside) and len(calls) == 4 * 2 + 1
+    assert [t.shape[0] for t in embedded] == [78] * (dtype == torch.float32)
+    assert [t.shape[0] for t in seen] == [78] * (5 - inside - len(embedded))
+    assert len(calls) == 4 * 2 + 1
     assert all(c[0].shape[0] == 78 for c in calls[:-1])
     assert calls[-1][0].shape[0] == ids.shape[0]  # the pooler's: a row per sequence
     assert sum(len(c) > 6 and c[6] is not None for c in calls) == inside

@@ -16,6 +16,11 @@ int8 is the model quantize_int8 makes, calibrated as ``bertlab bench runtimes`` 
 called from C++, out of the profiler's sight, so the operator table is taken on the same graph
 built by torch.compile without the C++ wrapper (the same kernels, called from Python, each
 generated one named in the table; its per-call overhead is not Compiled's).
+Uncompiled, it then times the forward's first stages (the input checks, the layout, the
+embeddings) and the encoder inside 300 back-to-back forwards and each alone, called again and
+again on the same inputs, and then alone after a sweep of 64 MiB of memory before each call:
+what an operation costs when the products before it have pushed its code and data out of the
+CPU's caches.
 ``--onnxruntime`` times ONNX Runtime instead, on the file ``bertlab bench runtimes`` gives it
 (float32 through its BERT optimizer, or int8 quantized dynamically), and sums its own profile
 per operator type over 50 calls: the same sentence, the same threads, the other side's table.
@@ -38,11 +43,13 @@ from torch.profiler import ProfilerActivity, profile
 from bertlab import BertModel, BertTokenizer
 from bertlab.bench.runtimes import calibration_batches, onnxruntime_runner
 from bertlab.bench.speed import machine
-from bertlab.nn import avx2
+from bertlab.nn import avx2, products
+from bertlab.nn import model as model_module
 from bertlab.nn.compiled import Compiled
 from bertlab.nn.packing import aligned_export
 from bertlab.nn.precision import quantize_int8
 
+SWEEP_MIB = 64  # more than the L3 cache a core of the project's machines can hold
 SENTENCE = (
     "The European Commission said on Thursday it disagreed with German advice to consumers "
     "to shun British lamb."
@@ -156,6 +163,72 @@ def kernels_share(run, batch: dict) -> None:
     print(f"the same forward with the kernels' calls returning at once: median {idle:.2f} ms")
 
 
+def stages(model, batch: dict) -> None:
+    """The forward's stages inside back-to-back forwards, alone, and alone after a sweep of
+    SWEEP_MIB of memory: medians in microseconds."""
+    config, ids = model.config, batch["input_ids"]
+    mask, types = batch["attention_mask"], batch["token_type_ids"]
+    B, T = ids.shape
+    spare = products.row_rounding(model.embeddings.word_embeddings.weight)
+    kernel = config.attn_implementation
+    with torch.inference_mode():
+        layout = model_module.enter(kernel, mask, B, T, ids.device, spare)
+        tokens = layout.inputs(ids, types, None, None)
+        x = layout.grow(model.embeddings(*tokens))
+    alone = {
+        "input checks": lambda: model_module.check_inputs(config, ids, mask, types, None, None),
+        "layout": lambda: model_module.enter(kernel, mask, B, T, ids.device, spare),
+        "embeddings": lambda: model.embeddings(*tokens),
+        "encoder": lambda: model.encoder(x, layout, False, False),
+    }
+    inside: dict[str, list[float]] = defaultdict(list)
+
+    def timed(name: str, f):
+        def call(*args, **kwargs):
+            start = time.perf_counter()
+            result = f(*args, **kwargs)
+            inside[name].append((time.perf_counter() - start) * 1e6)
+            return result
+
+        return call
+
+    saved = (model_module.check_inputs, model_module.enter)
+    model_module.check_inputs = timed("input checks", saved[0])
+    model_module.enter = timed("layout", saved[1])
+    model.embeddings.forward = timed("embeddings", model.embeddings.forward)
+    model.encoder.forward = timed("encoder", model.encoder.forward)
+    try:
+        with torch.inference_mode():
+            for _ in range(300):
+                start = time.perf_counter()
+                model(**batch)
+                inside["forward"].append((time.perf_counter() - start) * 1e6)
+    finally:
+        model_module.check_inputs, model_module.enter = saved
+        del model.embeddings.forward, model.encoder.forward  # (the instances' own again)
+    sweep = torch.zeros(SWEEP_MIB * 2**20 // 4)
+
+    def median_us(f, swept: bool, calls: int) -> float:
+        times = []
+        with torch.inference_mode():
+            for i in range(calls + 20):
+                if swept:
+                    sweep.add_(1.0)
+                start = time.perf_counter()
+                f()
+                if i >= 20:
+                    times.append((time.perf_counter() - start) * 1e6)
+        return statistics.median(times)
+
+    print(f"stage (us): inside 300 forwards, alone, alone after a {SWEEP_MIB} MiB sweep")
+    for name, f in alone.items():
+        calls = 50 if name == "encoder" else 300
+        hot, cold = median_us(f, False, calls), median_us(f, True, calls)
+        within = statistics.median(inside[name][20:])
+        print(f"{name:>14}  {within:8.1f}  {hot:8.1f}  {cold:8.1f}  ({within / hot:.1f}x alone)")
+    print(f"{'forward':>14}  {statistics.median(inside['forward'][20:]):8.1f}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=int, default=2)
@@ -196,6 +269,8 @@ def main() -> None:
     if not args.compiled:
         kernels_share(run, batch)
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
+    if not args.compiled:
+        stages(model, batch)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ sentences of it, the server's 128 by default).
 
 The request is the one ``bertlab bench serve --workloads batch256`` sends first: the first
 ``--sentences`` bundled SST-2 dev sentences. The parts are timed by a wall-clock timer around
-each call (every product, attention call and LayerNorm of the encoder), not by torch.profiler,
+each call (every product, attention call and LayerNorm of the encoder, and the embeddings where
+bertlab's AVX2 kernel computes them in one call), not by torch.profiler,
 which on this workload reported the feed-forward's first product at three times its time. The
 process keeps freed memory as the server does (``bertlab.heap.keep_freed_memory``).
 
@@ -41,7 +42,7 @@ from bertlab.bench.speed import machine
 from bertlab.data import sample_sentences
 from bertlab.files import bundled_model_dir
 from bertlab.heap import keep_freed_memory
-from bertlab.nn import attention, cpu, precision
+from bertlab.nn import attention, avx2, cpu, precision
 from bertlab.nn import products as seam
 from bertlab.nn.activations import activation_of
 from bertlab.nn.precision import CALIBRATION
@@ -191,6 +192,7 @@ def main() -> None:
         kernel = attention.BACKENDS["packed"]
         attention.BACKENDS["packed"] = timed(lambda *a, **k: "attention (packed)", kernel)
         F.layer_norm = timed(lambda *a, **k: "LayerNorm", F.layer_norm)
+        avx2.embed = timed(lambda *a, **k: "embeddings + LayerNorm", avx2.embed)
         start = time.perf_counter()
         for _ in range(args.repeat):
             model.forward(rows)

@@ -1,5 +1,5 @@
 """bertlab's own kernels for AVX2 CPUs: the product of a linear layer on a weight packed once,
-in float32 and in int8, and the attention of short sequences.
+in float32 and in int8, the attention of short sequences, and the embeddings.
 
     pack(weight)                              (N, K) -> (ceil(N/16), K, 16) panels
     product(x, panels, bias, n, add=None, gelu=False, norm=None)
@@ -9,6 +9,8 @@ in float32 and in int8, and the attention of short sequences.
     qproduct(x, layer, add=None, gelu=False, norm=None)
                                               (..., K) -> (..., N): the int8 product, the same
     attention(q, k, v, starts, longest)       (N, A, D) each -> (N, A, D): packed sequences
+    embed(ids, types, positions, word, type_table, position_table, norm)
+                                              (n,) indices -> (n, H): the tables' rows, normalized
     load()                                    build and load the kernels once: None, or why not
     why_not()                                 why they cannot run in this process (None: they can)
 
@@ -16,7 +18,8 @@ Where ``cpu.current().float32_kernel`` is ``"sgemm-avx2"`` (the avx2 class of AM
 2 and 3, and AMD's Zen 4, whose AVX-512 runs on 256-bit halves, where oneDNN's float32 products
 and PyTorch's attention kernel ran slower than these: docs/performance.md), products.py sends
 every float32 product to ``product`` and attention.py's packed kernel sends inference batches
-whose sequences are at most ATTENTION_TOKENS long to ``attention``. Where precision.py's int8
+whose sequences are at most ATTENTION_TOKENS long to ``attention``, and the embeddings of
+inference batches go to ``embed`` (products.embeddings). Where precision.py's int8
 kernel is ``"u8-avx2"`` (chosen on AMD's AVX2 CPUs: cpu.py) or ``"u8-vnni"`` (AMD's Zen 4), an
 int8 model's products run on ``qproduct``. The kernels are C, beside this file, each read in a
 sitting:
@@ -34,7 +37,9 @@ sitting:
   where the CPU reports both), and the activations keep 8 bits;
 * attention_avx2.c: softmax(q k^T / sqrt(D)) v for each (sequence, head) on its own, over that
   sequence's tokens only: no padding, no masks, no gathered windows. Its e^x is a polynomial
-  (about 1 ulp), so its results differ from PyTorch's by rounding only.
+  (about 1 ulp), so its results differ from PyTorch's by rounding only;
+* embeddings_avx2.c: each token's rows of the word, type and position tables summed, in
+  BertEmbeddings' order (the same bits), and the sum normalized by avx2_math.h's layer norm.
 
 None depends on the thread count: each output is computed by one thread, in one order.
 
@@ -82,9 +87,10 @@ from bertlab.nn.packing import own_program, tracing
 
 PANEL = 16  # output columns a panel holds (two AVX2 registers of 8 floats)
 SOURCES = tuple(
-    Path(__file__).with_name(name) for name in ("sgemm_avx2.c", "attention_avx2.c", "int8_avx2.c")
+    Path(__file__).with_name(name)
+    for name in ("sgemm_avx2.c", "attention_avx2.c", "int8_avx2.c", "embeddings_avx2.c")
 )
-HEADER = Path(__file__).with_name("avx2_math.h")  # e^x and GELU, included by both
+HEADER = Path(__file__).with_name("avx2_math.h")  # e^x, GELU and the layer norm, included by all
 ATTENTION_TOKENS = 64  # the longest sequence ``attention`` is given. Against PyTorch's kernel
 # (benchmarks/harness/attention_small.py, 12 heads of 32, 2 threads): up to 64 tokens it took
 # 0.46-0.64x the time on one sequence and 0.30-0.50x on 32; from 80 to 128 tokens one run gave
@@ -446,6 +452,53 @@ def attention(
     return out
 
 
+def embed(
+    ids: torch.Tensor,
+    types: torch.Tensor | None,
+    positions: torch.Tensor,
+    word: torch.Tensor,
+    type_table: torch.Tensor,
+    position_table: torch.Tensor,
+    norm: Norm,
+) -> torch.Tensor:
+    """(n,) int64 token ids, type ids (None: all 0) and positions -> (n, H) float32:
+    ``norm((word[ids] + type_table[types]) + position_table[positions])``, the tables float32
+    (rows, H), contiguous, H a multiple of 8. Other shapes and dtypes, and an index outside its
+    table, are refused (ValueError) before anything is written. The first call loads the
+    kernels (RuntimeError, saying why, where they cannot run)."""
+    n, h = ids.numel(), word.shape[-1]
+    fits = h % 8 == 0
+    for t in (ids, positions) if types is None else (ids, types, positions):
+        fits = fits and t.dtype == torch.int64 and t.dim() == 1 and t.numel() == n
+        fits = fits and t.is_contiguous()
+    for t in (word, type_table, position_table):
+        fits = fits and t.dtype == torch.float32 and t.dim() == 2 and t.shape[1] == h
+        fits = fits and t.is_contiguous()
+    if not fits:
+        raise ValueError(
+            f"avx2.embed: ids {tuple(ids.shape)} {ids.dtype}, types "
+            f"{None if types is None else (tuple(types.shape), types.dtype)}, positions "
+            f"{tuple(positions.shape)} {positions.dtype}, tables "
+            f"{[(tuple(t.shape), t.dtype) for t in (word, type_table, position_table)]}: int64 "
+            "(n,) indices, float32 (rows, H) contiguous tables, H a multiple of 8"
+        )
+    functions = _kernels()
+    lnw, lnb, eps = _norm(norm, h, "embed")
+    out = word.new_empty(n, h)
+    status = functions.embed(
+        ids.data_ptr(), None if types is None else types.data_ptr(), positions.data_ptr(), n, h,
+        word.data_ptr(), word.shape[0], type_table.data_ptr(), type_table.shape[0],
+        position_table.data_ptr(), position_table.shape[0], lnw, lnb, eps, out.data_ptr(),
+        torch.get_num_threads(),
+    )  # fmt: skip
+    if status:
+        raise ValueError(
+            f"avx2.embed: an index is outside its table (ids < {word.shape[0]}, types < "
+            f"{type_table.shape[0]}, positions < {position_table.shape[0]})"
+        )
+    return out
+
+
 def _kernels() -> Any:
     """The loaded library's functions (``.sgemm``, ``.attention``); RuntimeError where they
     cannot run here."""
@@ -568,8 +621,12 @@ def _build_and_load() -> object:
     rounding.restype = ctypes.c_int
     back.argtypes = [ptr, i64, i64, ptr, ptr, ptr, ptr, ptr, ptr, f32, ptr, i32]
     back.restype = None
+    embed = lib.bertlab_embed
+    embed.argtypes = [ptr, ptr, ptr, i64, i64, ptr, i64, ptr, i64, ptr, i64, ptr, ptr, f32, ptr,
+                      i32]  # fmt: skip
+    embed.restype = ctypes.c_int
     return SimpleNamespace(sgemm=sgemm, attention=attend, qgemm=qgemm, quantize=rounding,
-                           dequantize=back, path=built)  # fmt: skip
+                           dequantize=back, embed=embed, path=built)  # fmt: skip
 
 
 # ============================================================================ as operators

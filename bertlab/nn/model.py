@@ -70,6 +70,13 @@ class BertEmbeddings(nn.Module):
         inputs_embeds: torch.Tensor | None = None,  # (B, T, H) instead of input_ids
     ) -> torch.Tensor:  # (B, T, H)
         if inputs_embeds is None:
+            if position_ids is None:
+                position_ids = torch.arange(input_ids.shape[-1], device=input_ids.device)
+            # float32 inference on bertlab's AVX2 kernels: the same sums and the layer norm, in
+            # one call (products.embeddings; None where these operations must run)
+            x = products.embeddings(self, input_ids, token_type_ids, position_ids)
+            if x is not None:
+                return x
             inputs_embeds = self.word_embeddings(input_ids)
         T = inputs_embeds.shape[-2]  # the sequence length (or N tokens, packed)
         if position_ids is None:
@@ -293,8 +300,9 @@ class BertPreTrainedModel(TransformersSurface, nn.Module):
         self.tie_weights()
 
     def set_fast_inference(self, enabled: bool) -> None:
-        """Let the linear-product seam choose oneDNN's fused products for this model's layers
-        (True, the default), or send every product through PyTorch's own ``nn.Linear`` (False):
+        """Let the product seam choose the policy's fused products for this model's layers, and
+        its embeddings kernel where there is one (True, the default), or send every product
+        through PyTorch's own ``nn.Linear`` and the embeddings through their modules (False):
         then the forward computes as transformers does, bit for bit on the same machine in
         float32. The forward is the same code either way (products.py)."""
         if not isinstance(enabled, bool):

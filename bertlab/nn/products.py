@@ -172,10 +172,11 @@ def _operator(dtype: torch.dtype) -> bool:
 
 
 def plain(model: nn.Module, enabled: bool) -> None:
-    """Send every linear layer of ``model`` by the module route (``enabled``), or let the policy
-    choose again (BertPreTrainedModel.set_fast_inference)."""
+    """Send every linear layer of ``model`` by the module route, and its embeddings through
+    their modules (``enabled``), or let the policy choose again
+    (BertPreTrainedModel.set_fast_inference)."""
     for m in model.modules():
-        if isinstance(m, nn.Linear):
+        if isinstance(m, (nn.Linear, nn.Embedding)):
             if enabled:
                 m.__dict__[PLAIN] = True
             else:
@@ -245,6 +246,44 @@ def _inside(norm: nn.Module | None, n: int) -> avx2.Norm | None:
     ):
         return None
     return avx2.Norm(weight, bias, norm.eps)
+
+
+def embeddings(
+    module: nn.Module,
+    ids: torch.Tensor,
+    types: torch.Tensor | None,
+    positions: torch.Tensor,
+) -> torch.Tensor | None:
+    """BertEmbeddings ``module``'s output for token ``ids`` (any shape), their ``types`` (None:
+    all 0) and ``positions`` (broadcast to the ids' shape) by bertlab's AVX2 kernel (avx2.embed):
+    float32 inference where the policy runs sgemm-avx2 and it loaded, its parts plain
+    nn.Embedding and nn.LayerNorm modules (``_inside``) that no hook watches, not sent by the
+    module route (``plain``), dropout inactive, nothing traced. None where the module must run
+    its own operations."""
+    if not _sgemm_here() or tracing() or torch.is_autocast_enabled("cpu"):
+        return None
+    parts = module._modules
+    dropout, tables = parts["dropout"], []
+    for name in ("word_embeddings", "token_type_embeddings", "position_embeddings"):
+        part = parts[name]
+        table = part._parameters["weight"] if type(part) is nn.Embedding else None
+        if table is None or table.dtype != torch.float32 or part.max_norm is not None:
+            return None
+        if _watched(part) or PLAIN in part.__dict__:
+            return None
+        if table.requires_grad and torch.is_grad_enabled():
+            return None
+        tables.append(table)
+    if (dropout.training and dropout.p > 0) or _watched(dropout) or not ids.is_cpu:
+        return None
+    norm = _inside(parts["LayerNorm"], tables[0].shape[1])
+    if norm is None:
+        return None
+    shape = ids.shape
+    if ids.dim() != 1:  # (B, T) -> (B*T,); positions (T,) and types broadcast to it
+        ids, positions = ids.reshape(-1), positions.expand(shape).reshape(-1)
+        types = None if types is None else types.expand(shape).reshape(-1)
+    return avx2.embed(ids, types, positions, *tables, norm).view(*shape, -1)
 
 
 def _epilogue(
