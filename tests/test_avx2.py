@@ -630,8 +630,9 @@ def test_embed_refuses_what_it_cannot_read_naming_it():
 def test_the_embeddings_run_on_the_kernel_where_the_policy_says_and_only_then(monkeypatch):
     """Float32 inference on sgemm-avx2's policy: the embeddings are one call of the kernel a
     forward, and the hidden states equal those of their modules. Not where a gradient is
-    recorded, a hook watches a table, dropout is on, set_fast_inference(False) sends everything
-    through the modules, or the float32 kernel is another."""
+    recorded, a hook watches a table, dropout is on, the ids are int32 (the kernel reads int64),
+    set_fast_inference(False) sends everything through the modules, or the float32 kernel is
+    another."""
     on_sgemm(monkeypatch)
     calls = []
     real = avx2.embed
@@ -651,7 +652,9 @@ def test_the_embeddings_run_on_the_kernel_where_the_policy_says_and_only_then(mo
     model.set_fast_inference(True)
     with torch.inference_mode():
         model(ids, mask, types)
+        narrow = model(ids.int(), mask, types.int()).last_hidden_state  # int32: the modules
     assert len(calls) == 2
+    torch.testing.assert_close(narrow[real_tokens], want, rtol=1e-5, atol=1e-5)
     model(ids, mask).last_hidden_state.sum().backward()  # a gradient recorded
     handle = model.embeddings.word_embeddings.register_forward_hook(lambda *a: None)
     with torch.inference_mode():

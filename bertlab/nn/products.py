@@ -256,9 +256,9 @@ def embeddings(
 ) -> torch.Tensor | None:
     """BertEmbeddings ``module``'s output for token ``ids`` (any shape), their ``types`` (None:
     all 0) and ``positions`` (broadcast to the ids' shape) by bertlab's AVX2 kernel (avx2.embed):
-    float32 inference where the policy runs sgemm-avx2 and it loaded, its parts plain
-    nn.Embedding and nn.LayerNorm modules (``_inside``) that no hook watches, not sent by the
-    module route (``plain``), dropout inactive, nothing traced. None where the module must run
+    float32 inference where the policy runs sgemm-avx2 and it loaded, int64 indices, its parts
+    plain nn.Embedding and nn.LayerNorm modules (``_inside``) that no hook watches, not sent by
+    the module route (``plain``), dropout inactive, nothing traced. None where the module must run
     its own operations."""
     if not _sgemm_here() or tracing() or torch.is_autocast_enabled("cpu"):
         return None
@@ -276,6 +276,8 @@ def embeddings(
         tables.append(table)
     if (dropout.training and dropout.p > 0) or _watched(dropout) or not ids.is_cpu:
         return None
+    if any(t is not None and t.dtype != torch.int64 for t in (ids, types, positions)):
+        return None  # (int32 ids, say: the modules take any integer dtype, the kernel int64)
     norm = _inside(parts["LayerNorm"], tables[0].shape[1])
     if norm is None:
         return None
