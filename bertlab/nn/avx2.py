@@ -128,8 +128,8 @@ def _norm(norm: Norm | None, n: int, who: str) -> tuple[int | None, int | None, 
     w, b = norm.weight, norm.bias
     if (
         n % 8
-        or w.dtype != torch.float32
-        or b.dtype != torch.float32
+        or w.dtype is not torch.float32
+        or b.dtype is not torch.float32
         or w.shape != (n,)
         or b.shape != (n,)
         or not w.is_contiguous()
@@ -158,9 +158,9 @@ def product(
     loads the kernels (RuntimeError, saying why, where they cannot run)."""
     k = x.shape[-1]
     if (
-        x.dtype != torch.float32
+        x.dtype is not torch.float32
         or panels.shape != (-(-n // PANEL), k, PANEL)
-        or panels.dtype != torch.float32
+        or panels.dtype is not torch.float32
         or not panels.is_contiguous()
         or (bias is not None and (bias.shape != (n,) or not bias.is_contiguous()))
         or (add is not None and (add.shape != (*x.shape[:-1], n) or not add.is_contiguous()))
@@ -177,7 +177,7 @@ def product(
         return torch.ops.bertlab.sgemm(x, panels, bias, n, add, bool(gelu), w, b, float(eps))
     lnw, lnb, eps = _norm(norm, n, "product")
     x = x.contiguous()
-    rows = math.prod(x.shape[:-1])
+    rows = x.numel() // k if k else math.prod(x.shape[:-1])
     out = x.new_empty(*x.shape[:-1], n)
     if rows and n:
         _kernels().sgemm(
@@ -264,10 +264,10 @@ def qproduct(
     product), for a layer packed by ``pack_int8``; ``add`` (..., N) or None; act GELU with erf
     where ``gelu``; ``norm`` a layer norm of each row (``Norm``) or None. The first call loads
     the kernels (RuntimeError, saying why, where they cannot run)."""
-    n = layer.corr.shape[0]
+    n, k = layer.corr.shape[0], layer.inputs
     if (
-        x.dtype != torch.float32
-        or x.shape[-1] != layer.inputs
+        x.dtype is not torch.float32
+        or x.shape[-1] != k
         or (add is not None and (add.shape != (*x.shape[:-1], n) or not add.is_contiguous()))
     ):
         raise ValueError(
@@ -282,16 +282,16 @@ def qproduct(
                                        add, bool(gelu), w, b, float(eps))  # fmt: skip
     lnw, lnb, eps = _norm(norm, n, "qproduct")
     x = x.contiguous()
-    rows = math.prod(x.shape[:-1])
+    rows = x.numel() // k if k else math.prod(x.shape[:-1])
     out = x.new_empty(*x.shape[:-1], n)
     if rows and n:
-        width = -(-layer.inputs // QGROUP) * QGROUP
+        width = -(-k // QGROUP) * QGROUP
         # the rounded rows, then their scales (at a multiple of 4 bytes)
         scratch = _scratch(rows * (width + 4))
         address = scratch.data_ptr()
         bias, unsmooth = layer.bias, layer.unsmooth
         status = _kernels().qgemm(
-            x.data_ptr(), rows, layer.inputs, None if unsmooth is None else unsmooth.data_ptr(),
+            x.data_ptr(), rows, k, None if unsmooth is None else unsmooth.data_ptr(),
             layer.levels, layer.vnni, layer.panels.data_ptr(), layer.corr.data_ptr(),
             layer.scale.data_ptr(), n, None if bias is None else bias.data_ptr(), bool(gelu),
             None if add is None else add.data_ptr(), lnw, lnb, eps, out.data_ptr(), address,
@@ -416,13 +416,19 @@ def attention(
     (B + 1,), from 0 to N); ``longest`` the longest sequence's length. D a multiple of 8; other
     shapes, and starts that do not fit, are refused (ValueError) before anything is read. The
     first call loads the kernels (RuntimeError, saying why, where they cannot run)."""
-    n, heads, d = q.shape
+    n, heads, d = shape = q.shape
+    rows = (d, 1)  # (each row's heads contiguous)
     if (
-        any(t.dtype != torch.float32 or t.shape != q.shape for t in (k, v))
-        or q.dtype != torch.float32
+        q.dtype is not torch.float32
+        or k.dtype is not torch.float32
+        or v.dtype is not torch.float32
+        or k.shape != shape
+        or v.shape != shape
         or d % 8
-        or any(t.stride()[1:] != (d, 1) for t in (q, k, v))
-        or starts.dtype != torch.int32
+        or q.stride()[1:] != rows
+        or k.stride()[1:] != rows
+        or v.stride()[1:] != rows
+        or starts.dtype is not torch.int32
         or starts.dim() != 1
         or starts.numel() < 2
         or not starts.is_contiguous()

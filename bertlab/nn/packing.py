@@ -42,6 +42,8 @@ import torch
 import torch.nn.functional as F
 
 _IS_EXPORTING = getattr(torch.compiler, "is_exporting", None)  # (not in every PyTorch)
+_IS_COMPILING = torch.compiler.is_compiling
+_JIT_TRACING = torch.jit.is_tracing
 
 
 def exporting() -> bool:
@@ -74,7 +76,10 @@ def tracing() -> bool:
     """True while torch.compile, torch.export, ONNX export or torch.jit traces the model: then
     nothing may depend on the values in a tensor (data-dependent checks are skipped, a packed
     model runs padded)."""
-    return bool(torch.compiler.is_compiling() or exporting() or torch.jit.is_tracing())
+    # (the three questions asked directly: a batch-1 forward asks this dozens of times)
+    return bool(
+        _IS_COMPILING() or (_IS_EXPORTING is not None and _IS_EXPORTING()) or _JIT_TRACING()
+    )
 
 
 def round_rows(n: int) -> int:
@@ -86,6 +91,20 @@ def round_rows(n: int) -> int:
     """
     step = max(8, 1 << max(n.bit_length() - 5, 0))
     return -(-n // step) * step
+
+
+_POSITIONS: dict[str, torch.Tensor] = {}  # device -> 0, 1, 2, ... (int64), grown as asked
+
+
+def positions(n: int, device) -> torch.Tensor:
+    """(n,) int64: 0..n-1, a view of one tensor kept per device (torch.arange's own call cost
+    about three views' time). Not an inference tensor, so training may read it too."""
+    key = str(device)
+    kept = _POSITIONS.get(key)
+    if kept is None or kept.numel() < n:
+        with torch.inference_mode(False):
+            kept = _POSITIONS[key] = torch.arange(max(n, 512), device=device)
+    return kept[:n]
 
 
 def mean_pool(hidden: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -237,9 +256,11 @@ class Packing:
             check_rows(mask)
             lengths = tuple(mask.sum(1).tolist())
             indices = mask.reshape(-1).nonzero().squeeze(1)
-        # (one tensor from the lengths: at batch 1 each small operation costs microseconds, the
-        # products around it having pushed it out of the CPU's caches)
-        cu = torch.tensor((0, *itertools.accumulate(lengths)), dtype=torch.int32, device=device)
+        # (one tensor from the lengths, by way of numpy, a third of torch.tensor's time: at batch 1
+        # each small operation costs microseconds, the products around it having pushed it out
+        # of the CPU's caches)
+        starts = np.fromiter(itertools.accumulate(lengths, initial=0), np.int32, batch + 1)
+        cu = torch.from_numpy(starts).to(device)
         n = int(sum(lengths))
         rows = spare_rows(n) if spare_rows is not None and indices is not None else n
         return cls(batch, seq_len, indices, cu, lengths, max(lengths), rows)
@@ -256,12 +277,12 @@ class Packing:
         the position of its column, as in the padded layout."""
         B, T = self.batch, self.seq_len
         if position_ids is None:
-            position_ids = torch.arange(T, device=self.cu_seqlens.device)
-        positions = self.unpad(position_ids.expand(B, T))
+            position_ids = positions(T, self.cu_seqlens.device)
+        where = self.unpad(position_ids.expand(B, T))
         ids, types, embeds = (
             None if t is None else self.unpad(t) for t in (input_ids, token_type_ids, inputs_embeds)
         )
-        return ids, types, positions, embeds
+        return ids, types, where, embeds
 
     def grow(self, x: torch.Tensor) -> torch.Tensor:
         """(N, H) -> (rows, H): spare rows after the last token, computed by every layer and

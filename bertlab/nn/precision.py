@@ -276,10 +276,20 @@ def int8_weight(layers: tuple[Int8Linear, ...]) -> tuple[Int8Weight, torch.Tenso
     when a buffer is replaced or written in place (inference tensors, which keep no version,
     are made on every call). RuntimeError, with the reason, where this machine has no int8
     kernel."""
-    policy = cpu.current()
     kernel = int8_kernel()
     first = layers[0]
     traced = tracing()
+    stamp = None
+    ids = tuple(map(id, layers))
+    if not traced:  # (a traced graph's tensors have no memory to stamp)
+        try:
+            stamp = _stamp(layers)
+        except RuntimeError:  # inference tensors keep no version counter
+            pass
+        cached = None if stamp is None else _PACKED.get(first)
+        if cached is not None and cached[:3] == (ids, kernel, stamp):
+            return cached[4], cached[5]  # (first: what every product after the first finds)
+    policy = cpu.current()
     # a program bertlab compiles calls its own kernel as an operator, on panels packed in the graph
     # (constants there, folded as it compiles)
     operator = traced and kernel in cpu.OWN_INT8 and avx2.traced_as_operators()
@@ -290,16 +300,6 @@ def int8_weight(layers: tuple[Int8Linear, ...]) -> tuple[Int8Weight, torch.Tenso
         w = Int8Weight(first.weight_int8.t(), first.weight_scale, first.unsmooth, None, kernel,
                        policy.int8_levels)  # fmt: skip
         return w, first.bias
-    stamp = None
-    if not traced:  # (a traced graph's tensors have no memory to stamp)
-        try:
-            stamp = _stamp(layers)
-        except RuntimeError:  # inference tensors keep no version counter
-            pass
-    ids = tuple(map(id, layers))
-    cached = None if traced or stamp is None else _PACKED.get(first)
-    if cached is not None and cached[:3] == (ids, kernel, stamp):
-        return cached[4], cached[5]
     int8 = first.weight_int8 if len(layers) == 1 else torch.cat([m.weight_int8 for m in layers])
     scale = first.weight_scale if len(layers) == 1 else torch.cat([m.weight_scale for m in layers])
     # (and onednn-s8's weights that keep no version, which would be packed on every call)

@@ -210,7 +210,7 @@ def linear(
             return _qgemm(x, weight.packed, act, residual, norm)
         if s8_in_one_pass(weight, x.numel() // x.shape[-1] if x.shape[-1] else 0):
             n = weight.int8.shape[1]
-            return _fused(functools.partial(_s8, x, weight, bias, n), x, n, act, residual, norm)
+            return _fused(_s8, (x, weight, bias, n), x, n, act, residual, norm)
         y = _epilogue(int8_product(x, weight, bias), act, residual)
     else:
         y = layer(x)
@@ -237,9 +237,9 @@ def _inside(norm: nn.Module | None, n: int) -> avx2.Norm | None:
     if (
         weight is None
         or bias is None
-        or weight.dtype != torch.float32
-        or bias.dtype != torch.float32
-        or tuple(norm.normalized_shape) != (n,)
+        or weight.dtype is not torch.float32
+        or bias.dtype is not torch.float32
+        or norm.normalized_shape != (n,)  # (a tuple: nn.LayerNorm keeps one)
         or n % 8
         or _watched(norm)
         or (torch.is_grad_enabled() and (weight.requires_grad or bias.requires_grad))
@@ -357,7 +357,7 @@ def _sgemm(
         y = _epilogue(F.linear(x, weight, bias), act, residual)
         return y if norm is None else norm(y)
     n = sum(layer.out_features for layer in layers)
-    return _fused(functools.partial(avx2.product, x, weight, bias, n), x, n, act, residual, norm)
+    return _fused(avx2.product, (x, weight, bias, n), x, n, act, residual, norm)
 
 
 def _qgemm(
@@ -370,9 +370,9 @@ def _qgemm(
     """``norm(residual + act(int8 product))`` by bertlab's u8-avx2 or u8-vnni kernel
     (avx2.qproduct), on the layer as precision.py packed it (its bias with it; the activations
     rounded inside the kernel), with ``_fused``'s epilogue."""
-    x = x.float()
-    n = layer.corr.shape[0]
-    return _fused(functools.partial(avx2.qproduct, x, layer), x, n, act, residual, norm)
+    if x.dtype is not torch.float32:
+        x = x.float()
+    return _fused(avx2.qproduct, (x, layer), x, layer.corr.shape[0], act, residual, norm)
 
 
 def _s8(
@@ -400,27 +400,28 @@ def _s8(
 
 def _fused(
     kernel: Callable[..., torch.Tensor],
+    args: tuple,
     x: torch.Tensor,
     n: int,
     act: nn.Module | None,
     residual: torch.Tensor | None,
     norm: nn.Module | None,
 ) -> torch.Tensor:
-    """``norm(residual + act(y))`` for y the product that ``kernel(add, gelu, norm)`` computes
-    (avx2.product or avx2.qproduct with its layer bound) of ``n`` outputs: GELU (with erf)
-    inside it, the residual summed inside it where no activation comes first, then the layer
-    norm inside it (``_inside``); another activation in place after, and a norm the kernel
-    cannot apply called after."""
+    """``norm(residual + act(y))`` for y the product that ``kernel(*args, add, gelu, norm)``
+    computes (avx2.product or avx2.qproduct, ``args`` the input and the layer) of ``n``
+    outputs: GELU (with erf) inside it, the residual summed inside it where no activation comes
+    first, then the layer norm inside it (``_inside``); another activation in place after, and
+    a norm the kernel cannot apply called after."""
     inside = _inside(norm, n)
     if act is None and residual is not None and residual.dtype == torch.float32:
-        y = kernel(_addend(residual, (*x.shape[:-1], n)), False, inside)
+        y = kernel(*args, _addend(residual, (*x.shape[:-1], n)), False, inside)
     elif act is not None and activation_of(act) is ACTIVATIONS["gelu"]:
         if residual is None:
-            y = kernel(None, True, inside)
+            y = kernel(*args, None, True, inside)
         else:  # (the sum comes after the activation: the norm too)
-            y, inside = kernel(None, True, None).add_(residual), None
+            y, inside = kernel(*args, None, True, None).add_(residual), None
     else:
-        y, inside = _epilogue(kernel(None, False, None), act, residual), None
+        y, inside = _epilogue(kernel(*args, None, False, None), act, residual), None
     return y if norm is None or inside is not None else norm(y)
 
 
@@ -634,12 +635,12 @@ def _one_input(layers: tuple[Int8Linear, ...]) -> bool:
     is rounded. Layers quantize_int8 smoothed as one group (``smoothing_group``), or equal
     smoothings compared by value, except while tracing (a traced graph cannot depend on
     values)."""
-    first = layers[0].unsmooth
-    if first is None:
-        return all(lin.unsmooth is None for lin in layers)
     group = layers[0].smoothing_group
     if group is not None and all(lin.smoothing_group == group for lin in layers):
         return True
+    first = layers[0].unsmooth
+    if first is None:
+        return all(lin.unsmooth is None for lin in layers)
     if tracing():
         return False
     return all(lin.unsmooth is not None and torch.equal(lin.unsmooth, first) for lin in layers)
