@@ -18,6 +18,7 @@ from bertlab.nn.checks import check_labels as _check_labels
 from bertlab.nn.config import BertConfig
 from bertlab.nn.losses import IGNORE_INDEX, pretraining_loss
 from bertlab.nn.model import BertModel, BertPreTrainedModel, Encoded
+from bertlab.nn.module import Module
 from bertlab.nn.outputs import (
     BertForPreTrainingOutput,
     MaskedLMOutput,
@@ -30,7 +31,7 @@ from bertlab.nn.outputs import (
 
 
 # ============================================================================ heads
-class BertPredictionHeadTransform(nn.Module):
+class BertPredictionHeadTransform(Module):
     """LN(act(W h + b)): the MLM head's transform before the vocabulary projection."""
 
     def __init__(self, hidden_size: int, hidden_act: str, layer_norm_eps: float):
@@ -44,7 +45,7 @@ class BertPredictionHeadTransform(nn.Module):
         return products.linear(self.dense, x, act=self.transform_act_fn, norm=self.LayerNorm)
 
 
-class BertLMPredictionHead(nn.Module):
+class BertLMPredictionHead(Module):
     """Masked-LM output: transform, then scores against the (tied) word embeddings plus an
     output-only bias per token (reference 004, "MLM-Sim": T extra parameters)."""
 
@@ -58,7 +59,7 @@ class BertLMPredictionHead(nn.Module):
         return F.linear(self.transform(x), self.decoder.weight, self.bias)
 
 
-class BertPreTrainingHeads(nn.Module):
+class BertPreTrainingHeads(Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         c = config
@@ -68,7 +69,7 @@ class BertPreTrainingHeads(nn.Module):
         self.seq_relationship = nn.Linear(c.hidden_size, 2)
 
 
-class BertOnlyMLMHead(nn.Module):
+class BertOnlyMLMHead(Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         c = config
@@ -77,7 +78,7 @@ class BertOnlyMLMHead(nn.Module):
         )
 
 
-class BertOnlyNSPHead(nn.Module):
+class BertOnlyNSPHead(Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         self.seq_relationship = nn.Linear(config.hidden_size, 2)

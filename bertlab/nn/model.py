@@ -36,13 +36,14 @@ from bertlab.nn.activations import ACTIVATIONS
 from bertlab.nn.attention import BACKENDS
 from bertlab.nn.checks import check_forward_keywords, check_inputs
 from bertlab.nn.config import ATTN_IMPLEMENTATIONS, BertConfig
+from bertlab.nn.module import Module
 from bertlab.nn.outputs import BaseModelOutputWithPooling
 from bertlab.nn.packing import Layout, Packing, enter
 from bertlab.nn.surface import TransformersSurface, drop_tied_decoder, restore_tied_decoder
 
 
 # ============================================================================ embeddings
-class BertEmbeddings(nn.Module):
+class BertEmbeddings(Module):
     """word + position + token type, summed, then LayerNorm and dropout (reference 002)."""
 
     def __init__(
@@ -90,7 +91,7 @@ class BertEmbeddings(nn.Module):
 
 
 # ============================================================================ attention
-class BertSelfAttention(nn.Module):
+class BertSelfAttention(Module):
     """Multi-head scaled dot-product self-attention: softmax(Q K^T / sqrt(D)) V per head
     (Vaswani et al. 2017, eq. 1), with Q = x W_Q, K = x W_K, V = x W_V."""
 
@@ -118,7 +119,7 @@ class BertSelfAttention(nn.Module):
         return layout.merge_heads(context), probs
 
 
-class BertSelfOutput(nn.Module):
+class BertSelfOutput(Module):
     """Output projection W_O, dropout, then the residual and LayerNorm: LN(x + W_O(context))."""
 
     def __init__(self, hidden_size: int, layer_norm_eps: float, dropout: float):
@@ -135,7 +136,7 @@ class BertSelfOutput(nn.Module):
         )
 
 
-class BertAttention(nn.Module):
+class BertAttention(Module):
     """The attention sub-layer: x -> LN(x + MultiHead(x)). 4*H*H + 4*H parameters."""
 
     def __init__(
@@ -158,7 +159,7 @@ class BertAttention(nn.Module):
 
 
 # ============================================================================ feed-forward
-class BertIntermediate(nn.Module):
+class BertIntermediate(Module):
     """First half of the position-wise feed-forward network: act(x W_1 + b_1), H -> I."""
 
     def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str):
@@ -171,7 +172,7 @@ class BertIntermediate(nn.Module):
         return products.linear(self.dense, x, act=self.intermediate_act_fn)  # act(x W_1 + b_1)
 
 
-class BertOutput(nn.Module):
+class BertOutput(Module):
     """Second half, I -> H, dropout, residual, LayerNorm: LN(x + h W_2 + b_2)."""
 
     def __init__(
@@ -188,7 +189,7 @@ class BertOutput(nn.Module):
 
 
 # ============================================================================ layer, encoder
-class BertLayer(nn.Module):
+class BertLayer(Module):
     """One Transformer encoder layer (post-LayerNorm, as in BERT):
     a = LN(x + MultiHead(x));  y = LN(a + FFN(a))."""
 
@@ -221,7 +222,7 @@ class BertLayer(nn.Module):
         return self.output(self.intermediate(a), a)
 
 
-class BertEncoder(nn.Module):
+class BertEncoder(Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
@@ -257,7 +258,7 @@ class BertEncoder(nn.Module):
         )
 
 
-class BertPooler(nn.Module):
+class BertPooler(Module):
     """tanh(W h_[CLS] + b): the sentence vector that NSP and sentence classifiers read."""
 
     def __init__(self, hidden_size: int):
@@ -273,7 +274,7 @@ class BertPooler(nn.Module):
 
 
 # ============================================================================ base class
-class BertPreTrainedModel(TransformersSurface, nn.Module):
+class BertPreTrainedModel(TransformersSurface, Module):
     """Shared by every model: weight initialisation, the kernel's choice, and (surface.py) the
     helpers and files of transformers' models."""
 
