@@ -273,3 +273,38 @@ def test_the_attention_harness_refuses_bad_arguments_and_compares_the_same_atten
         monkeypatch.setattr(cpu, "_CURRENT", [dataclasses.replace(here, float32_kernel=kernel)])
         outs.append(attention.packed_attention(q, k, v, packing, 0.0)[0])
     torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
+
+
+def test_the_lengths_harness_refuses_bad_lengths_and_restores_the_kernels(capsys):
+    from bertlab.nn import avx2
+
+    lengths = harness("batch1_lengths")
+    with pytest.raises(SystemExit) as e:
+        lengths.main(["--lengths", "8,1000"])
+    assert e.value.code == 2
+    assert "--lengths must each be 2 to 512 tokens, got '8,1000'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        lengths.main(["--lengths", "8,x"])
+    assert "--lengths must be comma-separated integers, got '8,x'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        lengths.main(["--calls", "0"])
+    assert "--threads, --rounds and --calls must be at least 1, got 2, 9, 0" in (
+        capsys.readouterr().err
+    )
+    batch = lengths.sentence(7)
+    assert batch["input_ids"].shape == (1, 7) and batch["input_ids"][0, 0] == 101
+    assert batch["input_ids"][0, -1] == 102 and batch["attention_mask"].sum() == 7
+    if avx2.load() is not None:
+        pytest.skip(f"bertlab's AVX2 kernels do not run here: {avx2.load()}")
+    lib = avx2._kernels()
+    real = {name: getattr(lib, name) for name in lengths.KERNELS}
+    seen = []
+
+    def run(b):  # what the harness's "around" run calls: the kernels stand idle meanwhile
+        seen.append(all(getattr(lib, name) is not real[name] for name in lengths.KERNELS))
+        raise RuntimeError("stop")
+
+    with pytest.raises(RuntimeError, match="stop"):
+        lengths.around(run, batch, 3)()
+    assert seen == [True]  # replaced while it ran, and put back after it raised
+    assert all(getattr(lib, name) is real[name] for name in lengths.KERNELS)
