@@ -10,8 +10,8 @@ six layers made 125 such reads (tests/test_module.py counts them: none now).
 
 So when a ``Module`` registers a name by assignment (``self.dense = nn.Linear(...)``), its class
 gets a ``Registered`` attribute of that name, unless the class already has one. It reads the same
-tables in the same order as nn.Module's ``__getattr__``, so it returns whatever is registered
-at that moment: a module replaced (``setattr``, ``add_module``, or ``_modules`` written
+tables as nn.Module's ``__getattr__``, at each read, so it returns whatever is registered at
+that moment: a module replaced (``setattr``, ``add_module``, or ``_modules`` written
 directly, as adapters do), set to None or deleted. It is a non-data descriptor, so an entry of
 that name in an instance's own ``__dict__`` still comes first. Nothing else changes: the class of
 every module, state dicts, hooks, copies and pickles, torch.compile and export.
@@ -51,6 +51,7 @@ class Module(nn.Module):
 
     def __setattr__(self, name: str, value: Any) -> None:
         super().__setattr__(name, value)
-        registered = name in self._modules or name in self._parameters or name in self._buffers
+        tables = self.__dict__  # (read directly: nn.Module may set attributes before its tables)
+        registered = any(name in tables.get(t, ()) for t in ("_modules", "_parameters", "_buffers"))
         if registered and not hasattr(type(self), name):
             setattr(type(self), name, Registered(name))
