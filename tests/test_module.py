@@ -7,31 +7,21 @@ import pickle
 
 import pytest
 import torch
+from helpers import small_encoder
 from peft import LoraConfig, get_peft_model
 from torch import nn
 
-from bertlab import BertConfig, BertForSequenceClassification, BertModel
+from bertlab import BertForSequenceClassification
 from bertlab.nn import heads as heads_module
 from bertlab.nn import model as model_module
 from bertlab.nn.model import BertSelfOutput
 from bertlab.nn.module import Module, Registered
 
-CFG = BertConfig(
-    vocab_size=99,
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=64,
-    max_position_embeddings=32,
-)
 
-
-def batch():
-    torch.manual_seed(0)
-    ids = torch.randint(1, 99, (2, 9))
-    mask = torch.ones_like(ids)
-    mask[1, 6:] = 0
-    return {"input_ids": ids, "attention_mask": mask}
+def model_and_batch(kernel="packed", head=None):
+    """small_encoder's 3-layer model (width 64) in float32, and its padded batch."""
+    model, ids, mask = small_encoder(torch.float32, kernel, head)
+    return model, {"input_ids": ids, "attention_mask": mask}
 
 
 def failed_lookups(model: nn.Module, inputs: dict) -> list[tuple[str, str]]:
@@ -71,13 +61,13 @@ def failed_lookups(model: nn.Module, inputs: dict) -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize("kernel", ["packed", "sdpa", "eager"])
 def test_a_forward_makes_no_failed_lookup_on_bertlab_modules(kernel):
-    model = BertForSequenceClassification(CFG.replace(attn_implementation=kernel)).eval()
-    assert failed_lookups(model, batch()) == []
+    model, inputs = model_and_batch(kernel, BertForSequenceClassification)
+    assert failed_lookups(model, inputs) == []
 
 
 def test_the_counter_sees_failed_lookups_where_a_class_reads_them_the_ordinary_way():
     # the same forward with the class attributes taken away: each read fails first
-    model = BertModel(CFG).eval()
+    model, inputs = model_and_batch()
     taken = []
     for cls in {type(m) for m in model.modules() if isinstance(m, Module)}:
         for name, value in list(vars(cls).items()):
@@ -85,12 +75,12 @@ def test_the_counter_sees_failed_lookups_where_a_class_reads_them_the_ordinary_w
                 delattr(cls, name)
                 taken.append((cls, name, value))
     try:
-        misses = failed_lookups(model, batch())
+        misses = failed_lookups(model, inputs)
     finally:
         for cls, name, value in taken:
             setattr(cls, name, value)
     assert ("BertSelfOutput", "dense") in misses and ("BertSelfOutput", "LayerNorm") in misses
-    assert len(misses) >= 20 * CFG.num_hidden_layers  # (every layer reads a score of them)
+    assert len(misses) >= 20 * len(model.encoder.layer)  # (every layer reads a score of them)
 
 
 def test_every_class_of_the_network_derives_from_module():
@@ -109,14 +99,14 @@ def test_every_class_of_the_network_derives_from_module():
 
 
 def test_a_read_returns_what_is_registered_now_however_it_got_there():
-    model = BertModel(CFG).eval()
+    model, _ = model_and_batch()
     out = model.encoder.layer[0].attention.output
     assert isinstance(BertSelfOutput.dense, Registered)
     assert out.dense is out._modules["dense"]
-    replaced = nn.Linear(32, 32)
+    replaced = nn.Linear(64, 64)
     out.dense = replaced  # setattr
     assert out.dense is replaced
-    other = nn.Linear(32, 32)
+    other = nn.Linear(64, 64)
     out._modules["dense"] = other  # written directly, as adapters do
     assert out.dense is other
     out.add_module("dense", replaced)
@@ -135,8 +125,7 @@ def test_a_read_returns_what_is_registered_now_however_it_got_there():
 
 
 def test_adapters_copies_and_pickles_read_the_modules_they_hold():
-    model = BertForSequenceClassification(CFG.replace(num_labels=2)).eval()
-    inputs = batch()
+    model, inputs = model_and_batch(head=BertForSequenceClassification)
     with torch.no_grad():
         expected = model(**inputs).logits
     for other in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
