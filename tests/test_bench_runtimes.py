@@ -109,7 +109,42 @@ def test_every_installed_system_runs_and_reports_its_agreement(monkeypatch, one_
     assert "compiled: float32 (batches of at most 48 positions);" in runtimes.cpu_line(avx2)
     table = markdown_table(report)
     assert table.count("\n") == 3 and "| sorted (" in table and "| batch-1 (0% padding) |" in table
+    # each bertlab system paired round by round with the fastest float32 peer that ran
+    fp32 = [p for p in report["workloads"]["sorted"]["paired"] if p["system"] == "bertlab-fp32"]
+    assert len(fp32) == 1 and fp32[0]["peer"] in ("transformers-fp32", "onnxruntime-fp32")
+    assert len(rows["bertlab-fp32"]["round_seconds"]) == 1  # (repeats=1)
     assert json.loads(json.dumps(report)) == report
+
+
+def test_rounds_are_paired_with_the_fastest_peer_of_the_same_precision():
+    # a machine whose speed halves in some rounds: each round's ratio is what is reported
+    drift = [1.0, 2.0, 1.0, 2.0, 2.0]
+    times = {
+        "bertlab-int8": [0.8 * d for d in drift],
+        "onnxruntime-int8": [1.0 * d for d in drift],
+        "bertlab-fp32": [2.0 * d for d in drift],
+        "transformers-fp32": [4.0 * d for d in drift],
+        "onnxruntime-fp32": [3.0 * d for d in drift],  # the fastest float32 peer
+        "bertlab-bf16": [1.0 * d for d in drift],  # (no bfloat16 peer ran: no pair)
+    }
+    times["bertlab-int8"][1] = 2.0  # one round where bertlab ran as slowly as its peer
+    pairs = {p["system"]: p for p in runtimes.paired(times)}
+    assert set(pairs) == {"bertlab-int8", "bertlab-fp32"}
+    assert pairs["bertlab-int8"]["peer"] == "onnxruntime-int8"
+    assert pairs["bertlab-int8"]["median"] == pytest.approx(1.25)
+    assert pairs["bertlab-int8"]["low"] == pytest.approx(1.125)  # (1.0, 1.25, 1.25, 1.25, 1.25)
+    assert pairs["bertlab-int8"]["high"] == pytest.approx(1.25)
+    assert pairs["bertlab-fp32"]["peer"] == "onnxruntime-fp32"
+    assert pairs["bertlab-fp32"]["median"] == pytest.approx(1.5)
+    one = runtimes.paired({"bertlab-int8": [2.0], "onnxruntime-int8": [3.0]})
+    assert one == [
+        {"system": "bertlab-int8", "peer": "onnxruntime-int8", "median": 1.5, "low": 1.5,
+         "high": 1.5}
+    ]  # fmt: skip
+    report = {"workloads": {"batch-1": {"paired": one}, "sorted": {}}}
+    assert runtimes.paired_lines(report) == [
+        "batch-1: bertlab-int8 1.50x onnxruntime-int8 round by round (quartiles 1.50-1.50)"
+    ]
 
 
 def test_quality_figures():

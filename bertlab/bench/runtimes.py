@@ -25,7 +25,9 @@ bundled SST-2 sample), tokenized to at most 128 tokens,
 Every system returns sentence embeddings (the mean of the last hidden states over real tokens,
 normalised); their cosine to bertlab float32's is the quality figure, with the share of texts
 whose nearest other text stays the same. Speed is real tokens per second (padding not counted),
-medians over alternating rounds, relative to transformers float32.
+medians over alternating rounds, relative to transformers float32. Each workload also pairs
+every bertlab system with the fastest peer of its precision round by round (``paired``: the
+median and quartiles of the per-round ratios), which a machine whose speed drifts moves less.
 
 Contention (``busy``, ``--busy N``): each workload is timed a second time while N neighbour
 processes spin in pure Python on the same cores, the state a server's tokenizing and writing
@@ -66,6 +68,12 @@ SYSTEMS = (
     "openvino-bf16",
 )
 BATCH, BATCH1_TEXTS, MAX_LEN, TEXTS = 32, 64, 128, 1024
+# the peers of each bertlab precision, against which its rounds are paired (``paired``)
+PEERS = {
+    "fp32": ("transformers-fp32", "onnxruntime-fp32", "openvino-f32"),
+    "bf16": ("openvino-bf16",),
+    "int8": ("onnxruntime-int8",),
+}
 
 
 class Unavailable(Exception):
@@ -371,6 +379,7 @@ def bench_runtimes(
                 name: {
                     "tokens_per_s": tokens / med[name],
                     "seconds": med[name],
+                    "round_seconds": times[name],
                     **quality(reference, emb),
                 }
                 for name, emb in embeddings.items()
@@ -392,8 +401,49 @@ def bench_runtimes(
                 "real_tokens": tokens,
                 "padding_share": 1 - tokens / padded,
                 "systems": rows,
+                "paired": paired(times),
             }
     return report
+
+
+def paired(times: dict[str, list[float]]) -> list[dict[str, Any]]:
+    """Each bertlab system against the fastest peer of its precision (``PEERS``, by median),
+    round by round: in round i every system ran once, back to back, so the ratio of the peer's
+    time to bertlab's in that round (bertlab's throughput relative to the peer's) sees the same
+    state of the machine on both sides. The median of those ratios and their quartiles; on a
+    machine whose speed drifts between rounds they move far less than the ratio of the medians.
+    Nothing for a system without a peer in ``times``."""
+    out = []
+    for name in [s for s in SYSTEMS if s in times and s.startswith("bertlab-")]:
+        precision = name.split("-")[1]
+        peers = [p for p in PEERS[precision] if p in times]
+        if not peers:
+            continue
+        peer = min(peers, key=lambda p: statistics.median(times[p]))
+        ratios = sorted(t / b for t, b in zip(times[peer], times[name], strict=True))
+        low, high = (
+            (ratios[0], ratios[0]) if len(ratios) < 2 else statistics.quantiles(ratios, n=4)[::2]
+        )
+        out.append(
+            {
+                "system": name,
+                "peer": peer,
+                "median": statistics.median(ratios),
+                "low": low,
+                "high": high,
+            }
+        )
+    return out
+
+
+def paired_lines(report: dict[str, Any]) -> list[str]:
+    """One line per workload and bertlab system with a peer: ``paired``'s figures."""
+    return [
+        f"{workload}: {p['system']} {p['median']:.2f}x {p['peer']} round by round "
+        f"(quartiles {p['low']:.2f}-{p['high']:.2f})"
+        for workload, w in report["workloads"].items()
+        for p in w.get("paired", ())  # (records from before it was kept have none)
+    ]
 
 
 def cpu_line(described: dict[str, Any]) -> str:

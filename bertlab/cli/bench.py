@@ -209,6 +209,7 @@ def cmd_bench_runtimes(args: argparse.Namespace) -> int:
         bench_runtimes,
         cpu_line,
         markdown_table,
+        paired_lines,
         plot,
     )
 
@@ -230,6 +231,8 @@ def cmd_bench_runtimes(args: argparse.Namespace) -> int:
     print(cpu_line(report["cpu"]))
     print("real tokens/s relative to transformers float32 (mean embedding cosine to float32)")
     print(markdown_table(report))
+    for line in paired_lines(report):
+        print(line)
     for name, why in report["unavailable"].items():
         print(f"{name}: not run: {why}")
     return _finish(args, report, lambda path: plot(report, path))
