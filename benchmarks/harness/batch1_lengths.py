@@ -85,10 +85,11 @@ def main(argv: list[str] | None = None) -> None:
         )
     torch.set_num_threads(args.threads)
     model_dir = resolve_model_dir("default")
+    folder = tempfile.TemporaryDirectory(prefix="batch1-lengths-")  # removed when main returns
     runners = {
         "bertlab": bertlab_runner(model_dir, args.precision),
         "onnxruntime": onnxruntime_runner(
-            model_dir, Path(tempfile.mkdtemp()), args.precision, args.threads
+            model_dir, Path(folder.name), args.precision, args.threads
         ),
     }
     why = avx2.load()
