@@ -70,18 +70,17 @@ class BertEmbeddings(Module):
         position_ids: torch.Tensor | None = None,  # (B, T) or (T,), default 0..T-1
         inputs_embeds: torch.Tensor | None = None,  # (B, T, H) instead of input_ids
     ) -> torch.Tensor:  # (B, T, H)
-        if inputs_embeds is None:
-            if position_ids is None:
-                position_ids = torch.arange(input_ids.shape[-1], device=input_ids.device)
+        from_ids = inputs_embeds is None
+        T = input_ids.shape[-1] if from_ids else inputs_embeds.shape[-2]  # (or N tokens, packed)
+        if position_ids is None:
+            position_ids = torch.arange(T, device=(input_ids if from_ids else inputs_embeds).device)
+        if from_ids:
             # float32 inference on bertlab's AVX2 kernels: the same sums and the layer norm, in
             # one call (products.embeddings; None where these operations must run)
             x = products.embeddings(self, input_ids, token_type_ids, position_ids)
             if x is not None:
                 return x
             inputs_embeds = self.word_embeddings(input_ids)
-        T = inputs_embeds.shape[-2]  # the sequence length (or N tokens, packed)
-        if position_ids is None:
-            position_ids = torch.arange(T, device=inputs_embeds.device)
         if token_type_ids is None:
             token_type_ids = torch.zeros(T, dtype=torch.long, device=inputs_embeds.device)
         # The order of the sum follows the reference implementation, so float rounding matches.

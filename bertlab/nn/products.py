@@ -210,7 +210,7 @@ def linear(
             return _qgemm(x, weight.packed, act, residual, norm)
         if s8_in_one_pass(weight, x.numel() // x.shape[-1] if x.shape[-1] else 0):
             n = weight.int8.shape[1]
-            return _fused(_s8, (x, weight, bias, n), x, n, act, residual, norm)
+            return _fused(_s8, (x, weight, bias, n), n, act, residual, norm)
         y = _epilogue(int8_product(x, weight, bias), act, residual)
     else:
         y = layer(x)
@@ -357,7 +357,7 @@ def _sgemm(
         y = _epilogue(F.linear(x, weight, bias), act, residual)
         return y if norm is None else norm(y)
     n = sum(layer.out_features for layer in layers)
-    return _fused(avx2.product, (x, weight, bias, n), x, n, act, residual, norm)
+    return _fused(avx2.product, (x, weight, bias, n), n, act, residual, norm)
 
 
 def _qgemm(
@@ -372,7 +372,7 @@ def _qgemm(
     rounded inside the kernel), with ``_fused``'s epilogue."""
     if x.dtype is not torch.float32:
         x = x.float()
-    return _fused(avx2.qproduct, (x, layer), x, layer.corr.shape[0], act, residual, norm)
+    return _fused(avx2.qproduct, (x, layer), layer.corr.shape[0], act, residual, norm)
 
 
 def _s8(
@@ -401,18 +401,17 @@ def _s8(
 def _fused(
     kernel: Callable[..., torch.Tensor],
     args: tuple,
-    x: torch.Tensor,
     n: int,
     act: nn.Module | None,
     residual: torch.Tensor | None,
     norm: nn.Module | None,
 ) -> torch.Tensor:
     """``norm(residual + act(y))`` for y the product that ``kernel(*args, add, gelu, norm)``
-    computes (avx2.product or avx2.qproduct, ``args`` the input and the layer) of ``n``
+    computes (avx2.product or avx2.qproduct, ``args`` the input x and the layer) of ``n``
     outputs: GELU (with erf) inside it, the residual summed inside it where no activation comes
     first, then the layer norm inside it (``_inside``); another activation in place after, and
     a norm the kernel cannot apply called after."""
-    inside = _inside(norm, n)
+    x, inside = args[0], _inside(norm, n)
     if act is None and residual is not None and residual.dtype == torch.float32:
         y = kernel(*args, _addend(residual, (*x.shape[:-1], n)), False, inside)
     elif act is not None and activation_of(act) is ACTIVATIONS["gelu"]:
