@@ -45,6 +45,8 @@ def weights(rows, k, n, seed=0):
         (13, 37, 2),  # one partial panel (a classifier's two labels)
         (9, 50, 17),  # a full panel and a partial one
         (4, 1, 33),  # a single input
+        (10, 384, 384),  # sgemm-avx512's widest block, 10 rows
+        (31, 64, 100),  # its blocks of 7 and 8; a partial panel's rows in blocks of up to 6
     ],
 )
 def test_products_equal_a_float64_reference_at_every_block_and_panel_shape(rows, k, n):
@@ -61,6 +63,39 @@ def test_products_equal_a_float64_reference_at_every_block_and_panel_shape(rows,
         if plus is None:  # GELU inside the product, before any sum
             got = avx2.product(x, panels, bias, n, None, True)
             torch.testing.assert_close(got.double(), F.gelu(ref), rtol=1e-5, atol=2e-6 * k**0.5)
+
+
+AVX512F = "avx512_f" in cpu.features().flags  # (the instructions the wide blocks are built for)
+
+
+@needs_kernel
+@pytest.mark.parametrize(
+    ("rows", "k", "n"),
+    [(1, 384, 384), (10, 64, 48), (11, 384, 1152), (21, 384, 1536), (64, 1536, 384), (31, 37, 104)],
+)
+def test_the_wide_blocks_give_the_avx2_blocks_bits_or_are_refused_without_avx512f(rows, k, n):
+    """sgemm-avx512 (``wide``) sums the same terms in the same order as sgemm-avx2, in blocks of
+    up to 10 rows of 512-bit registers: the same bits, with every epilogue, on any thread count.
+    On a CPU without AVX-512F it refuses by name and writes nothing (the kernel checks the CPU,
+    never trying an instruction)."""
+    x, w, b, add = weights(rows, k, n, seed=rows)
+    panels = avx2.pack(w)
+    g = torch.Generator().manual_seed(1)
+    norm = avx2.Norm(torch.randn(n, generator=g), torch.randn(n, generator=g), 1e-12)
+    threads = torch.get_num_threads()
+    for epilogue in ({}, {"gelu": True}, {"add": add}, {"add": add, "norm": norm}):
+        narrow = avx2.product(x, panels, b, n, wide=False, **epilogue)
+        if not AVX512F:
+            with pytest.raises(RuntimeError, match="sgemm-avx512.* need AVX-512F, which this CPU"):
+                avx2.product(x, panels, b, n, wide=True, **epilogue)
+            continue
+        for t in (1, 2):
+            torch.set_num_threads(t)
+            try:
+                wide = avx2.product(x, panels, b, n, wide=True, **epilogue)
+            finally:
+                torch.set_num_threads(threads)
+            assert torch.equal(wide, narrow), (epilogue.keys(), t)
 
 
 @needs_kernel

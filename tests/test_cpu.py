@@ -260,8 +260,9 @@ def test_zen4_takes_bertlabs_own_vnni_int8_kernel_with_onednns_behind_it():
 
 @pytest.mark.parametrize("cls", list(CLASSES))
 def test_the_float32_kernel_is_sgemm_on_amds_avx2_and_zen4_cpus_and_onednn_elsewhere(cls):
-    """bertlab's AVX2 kernel where it was measured faster (AMD: the avx2 class, and family 25's
-    AVX-512 CPUs, Zen 4, whose 512-bit instructions run as two halves), oneDNN on the other
+    """bertlab's kernel where it was measured faster (AMD: the avx2 class in AVX2, and family
+    25's AVX-512 CPUs, Zen 4, whose 512-bit instructions run as two halves, in AVX-512F: its
+    wide blocks), oneDNN on the other
     classes that take oneDNN's route (saying why), none where float32 takes PyTorch's own
     kernels; Compiled's float32 cap follows (its program calls the kernel as an operator, and so
     wins on larger batches)."""
@@ -277,7 +278,7 @@ def test_the_float32_kernel_is_sgemm_on_amds_avx2_and_zen4_cpus_and_onednn_elsew
         elif cls == "avx2" and vendor == "AuthenticAMD":
             assert p.float32_kernel == "sgemm-avx2" and p.compiled_tokens["float32"] == 128
         elif zen4:
-            assert p.float32_kernel == "sgemm-avx2" and "Zen 4" in p.float32_kernel_why
+            assert p.float32_kernel == "sgemm-avx512" and "Zen 4" in p.float32_kernel_why
             # the cap measured on the Zen 4 (compiled-sizes-epyc-avx512.txt), where float32 runs
             # compiled at all
             cap = {"float32": 128} if cls == "avx512-bf16" else {}
@@ -305,6 +306,18 @@ def test_the_float32_kernel_can_be_forced_and_one_the_cpu_lacks_is_refused_by_na
                          ("arm", "needs an x86 CPU; this one is aarch64")):  # fmt: skip
         with pytest.raises(ValueError, match=f"BERTLAB_FLOAT32_KERNEL=sgemm-avx2: .*{missing}"):
             cpu.policy(CLASSES[cls][0], environ={"BERTLAB_FLOAT32_KERNEL": "sgemm-avx2"})
+    # the AVX-512 blocks: on an AVX-512 CPU of any vendor where forced; refused by name on one
+    # without AVX-512F (an AMD Zen 3, or a Zen 4 under an AVX2 limit), never tried
+    zen4 = replace(CLASSES["avx512-bf16"][0], vendor="AuthenticAMD", family=25)
+    assert cpu.policy(zen4, environ={}).float32_kernel == "sgemm-avx512"
+    assert cpu.policy(zen4, environ={"BERTLAB_FLOAT32_KERNEL": "sgemm-avx2"}) \
+        .float32_kernel == "sgemm-avx2"  # fmt: skip
+    skylake = cpu.policy(CLASSES["avx512"][0], environ={"BERTLAB_FLOAT32_KERNEL": "sgemm-avx512"})
+    assert skylake.float32_kernel == "sgemm-avx512"
+    for features, missing in ((amd, r"AVX2, FMA and AVX-512F, which this CPU \(avx2\)"),
+                              (CLASSES["arm"][0], "an x86 CPU; this one is aarch64")):  # fmt: skip
+        with pytest.raises(ValueError, match=f"BERTLAB_FLOAT32_KERNEL=sgemm-avx512: .*{missing}"):
+            cpu.policy(features, environ={"BERTLAB_FLOAT32_KERNEL": "sgemm-avx512"})
     # forcing oneDNN where float32 takes PyTorch's kernels asks for nothing that is missing
     assert cpu.policy(CLASSES["arm"][0], environ={"BERTLAB_FLOAT32_KERNEL": "onednn"}) \
         .float32_kernel is None  # fmt: skip

@@ -72,6 +72,8 @@ def reference(x, w, scale, bias, levels, unsmooth=None):
         (9, 50, 17),  # a full panel and a partial one
         (5, 1, 33),  # a single input
         (6, 8, 16),  # inputs shorter than one vector
+        (10, 384, 384),  # with VNNI, one 512-bit block of 10 rows
+        (31, 96, 100),  # with VNNI, blocks of 7 and 8; a partial panel's rows in blocks of 6
     ],
 )
 @pytest.mark.parametrize(("vnni", "levels"), KINDS)

@@ -7,12 +7,14 @@ bertlab's policy makes on this CPU (``cpu.current().float32_kernel``) is measure
 other within one run.
 
     bertlab-sgemm    the float32 model on bertlab's AVX2 kernels (bertlab.nn.avx2)
+    bertlab-sgemm512 the same, its products in the kernel's AVX-512F blocks (sgemm-avx512; where
+                     the CPU has AVX-512F, else left out, saying so)
     bertlab-onednn   the same model, its products on oneDNN's (BERTLAB_FLOAT32_KERNEL=onednn),
                      its attention and GELU on PyTorch's
     onnxruntime      ONNX Runtime float32 through its BERT optimizer, as in bench runtimes
 
 Prints each system's median tokens/s and its median ratio to ONNX Runtime over the rounds, per
-workload, and the median ratio of the two bertlab rows' times, round by round. The record of a
+workload, and the median ratio of the bertlab rows' times, round by round. The record of a
 run is kept in benchmarks/float32-kernels-<cpu class>.txt.
 
     python benchmarks/harness/float32_kernels.py [--data ../shared/data]
@@ -50,19 +52,24 @@ def main(argv: list[str] | None = None) -> None:
     bertlab = runtimes.make_runner("bertlab-fp32", model, work, args.threads)
     ort = runtimes.make_runner("onnxruntime-fp32", model, work, args.threads)
     paired.header(args, f"policy's float32 kernel {cpu.current().float32_kernel}", source)
+    systems = {"bertlab-sgemm": "sgemm-avx2", "bertlab-onednn": "onednn"}
+    against = [("bertlab-sgemm", "bertlab-onednn")]
+    if "avx512_f" in cpu.features().flags:
+        systems = {"bertlab-sgemm512": "sgemm-avx512", **systems}
+        against = [("bertlab-sgemm512", "bertlab-sgemm"), ("bertlab-sgemm512", "bertlab-onednn"),
+                   *against]  # fmt: skip
+    else:
+        print("bertlab-sgemm512 left out: this CPU has no AVX-512F")
 
     def runs(batches: list[dict]) -> dict:
-        return {
-            "bertlab-sgemm": on_kernel("sgemm-avx2", paired.each(bertlab, batches)),
-            "bertlab-onednn": on_kernel("onednn", paired.each(bertlab, batches)),
-            "onnxruntime": paired.each(ort, batches),
-        }
+        each = {name: on_kernel(kernel, paired.each(bertlab, batches))
+                for name, kernel in systems.items()}  # fmt: skip
+        return {**each, "onnxruntime": paired.each(ort, batches)}
 
     with torch.inference_mode():  # (each kernel's weights packed before the rounds)
         first = runtimes.batches(tokenizer, texts[:1], "batch-1")[0]
-        for kernel in ("sgemm-avx2", "onednn"):
+        for kernel in systems.values():
             on_kernel(kernel, lambda: bertlab(first))()
-    against = [("bertlab-sgemm", "bertlab-onednn")]
     paired.compare(tokenizer, texts, workloads, args.rounds, runs, "onnxruntime", against)
 
 

@@ -17,7 +17,8 @@ each library).
 
 The revision's C sources and headers (every .c and .h file of bertlab/nn there) are read with
 ``git show`` and built with that revision's flags (its avx2.FLAGS) and the working tree's
-compiler, into a temporary folder.
+compiler, into a temporary folder. A revision from before sgemm's ``wide`` argument is called
+without it, through a Python wrapper (about a microsecond a call more on its side).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import torch
 
 from bertlab import BertModel, BertTokenizer
 from bertlab.bench.speed import alternate, machine
-from bertlab.nn import avx2, products
+from bertlab.nn import avx2, cpu, products
 from bertlab.nn.precision import quantize_int8
 
 ROOT = Path(avx2.__file__).resolve().parents[2]
@@ -70,7 +71,23 @@ def build(revision: str, folder: Path) -> ctypes.CDLL:
     for name in ("sgemm", "qgemm", "attention"):
         theirs = getattr(lib, f"bertlab_{name}")
         theirs.argtypes, theirs.restype = getattr(ours, name).argtypes, getattr(ours, name).restype
+    if b"int wide" not in show("sgemm_avx2.c"):  # (before sgemm-avx512: no wide argument)
+        return SimpleNamespace(bertlab_sgemm=narrow_sgemm(lib.bertlab_sgemm),
+                               bertlab_qgemm=lib.bertlab_qgemm,
+                               bertlab_attention=lib.bertlab_attention)  # fmt: skip
     return lib
+
+
+def narrow_sgemm(sgemm):
+    """A revision's sgemm from before its ``wide`` argument (the last but one), called with the
+    working tree's arguments: ``wide`` dropped (those blocks are AVX2's), 0 returned."""
+    sgemm.argtypes, sgemm.restype = avx2._kernels().sgemm.argtypes[:-2] + [ctypes.c_int], None
+
+    def call(*args):
+        sgemm(*args[:-2], args[-1])
+        return 0
+
+    return call
 
 
 def main() -> None:
@@ -194,8 +211,9 @@ def time_shape(kind, shape, layers, m, args, base, work) -> None:
         sgemm, qgemm = libs[side]
         out = outs[side].data_ptr()
         if kind == "float32":
+            wide = cpu.current().float32_kernel == "sgemm-avx512"  # (as avx2.product calls it)
             sgemm(x.data_ptr(), m, k, panels.data_ptr(), n, bias.data_ptr(), gelu, None, None,
-                  None, 0.0, out, args.threads)  # fmt: skip
+                  None, 0.0, out, wide, args.threads)  # fmt: skip
             return
         q, at = packed, scratch.data_ptr()
         status = qgemm(x.data_ptr(), m, k, None if q.unsmooth is None else q.unsmooth.data_ptr(),

@@ -475,7 +475,7 @@ def cpu_line(described: dict[str, Any]) -> str:
         f"CPU class {described['class']} ({described['model']}, oneDNN "
         f"{described['onednn_isa'] or 'n/a'}{limits}): {int8}; {bf16}; compiled: {compiled}"
         + (f"; float32 products on {f32}" if f32 else "")
-        + (f"; float32 products of few rows on {few}" if few and f32 != "sgemm-avx2" else "")
+        + (f"; float32 products of few rows on {few}" if few and f32 in (None, "onednn") else "")
         + (f"; OpenMP wait: {wait}" if wait else "")
     )
 

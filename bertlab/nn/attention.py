@@ -124,13 +124,13 @@ def aligned_attention(
 
 def _as_operator(q: torch.Tensor, dropout_p: float) -> bool:
     """A graph traced for a program of bertlab's own that calls its AVX2 kernels as operators
-    (avx2.traced_as_operators), float32 inference, the policy's float32 kernel sgemm-avx2, D a
+    (avx2.traced_as_operators), float32 inference, the policy's float32 kernel bertlab's own, D a
     multiple of 8."""
     return (
         q.dtype == torch.float32
         and dropout_p == 0.0
         and q.shape[-1] % 8 == 0
-        and cpu.current().float32_kernel == "sgemm-avx2"
+        and cpu.current().float32_kernel in cpu.OWN_FLOAT32
         and avx2.traced_as_operators()
     )
 
@@ -157,7 +157,7 @@ def _on_avx2(q: torch.Tensor, dropout_p: float, packing: Packing) -> bool:
         and packing.max_seqlen <= avx2.ATTENTION_TOKENS
         and q.shape[-1] % 8 == 0
         and q.stride()[1:] == (q.shape[-1], 1)
-        and cpu.current().float32_kernel == "sgemm-avx2"
+        and cpu.current().float32_kernel in cpu.OWN_FLOAT32
         and avx2.load() is None
         and not tracing()
     )

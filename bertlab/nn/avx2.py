@@ -15,8 +15,9 @@ in float32 and in int8, the attention of short sequences, and the embeddings.
     why_not()                                 why they cannot run in this process (None: they can)
 
 Where ``cpu.current().float32_kernel`` is ``"sgemm-avx2"`` (the avx2 class of AMD CPUs, EPYC Zen
-2 and 3, and AMD's Zen 4, whose AVX-512 runs on 256-bit halves, where oneDNN's float32 products
-and PyTorch's attention kernel ran slower than these: docs/performance.md), products.py sends
+2 and 3) or ``"sgemm-avx512"`` (AMD's Zen 4, whose AVX-512 runs on 256-bit halves; there
+oneDNN's float32 products and PyTorch's attention kernel ran slower than these:
+docs/performance.md), products.py sends
 every float32 product to ``product`` and attention.py's packed kernel sends inference batches
 whose sequences are at most ATTENTION_TOKENS long to ``attention``, and the embeddings of
 inference batches go to ``embed`` (products.embeddings). Where precision.py's int8
@@ -24,17 +25,20 @@ kernel is ``"u8-avx2"`` (chosen on AMD's AVX2 CPUs: cpu.py) or ``"u8-vnni"`` (AM
 int8 model's products run on ``qproduct``. The kernels are C, beside this file, each read in a
 sitting:
 
-* sgemm_avx2.c: one loop of AVX2 fused multiply-adds over 6 rows x 16 columns. It sums each
-  output's terms in order, then adds the bias, so its results differ from oneDNN's and PyTorch's
-  by rounding only (about 1e-6 relative). The feed-forward network's GELU (with erf) is applied
-  to each block while it is in registers, by a rational fit of erf (avx2_math.h: within
+* sgemm_avx2.c: one loop of AVX2 fused multiply-adds over 6 rows x 16 columns, or under
+  sgemm-avx512 (``wide``) of AVX-512F ones over up to 10 rows, a row's 16 columns in one
+  register: half the instructions, the same sums. It sums each output's terms in order, then
+  adds the bias, so its results differ from oneDNN's and PyTorch's by rounding only (about 1e-6
+  relative), and its two forms give the same bits. The feed-forward network's GELU (with erf)
+  is applied to each block while it is in registers, by a rational fit of erf (avx2_math.h: within
   1.5e-6 of the float64 GELU, as PyTorch's own float32 GELU is within 1.2e-6 on AVX-512);
 * int8_avx2.c: precision.py's int8 product (per-token activations rounded to 7 bits, inside the
   call; per-channel int8 weights; sums exact in int32) with VPMADDUBSW and VPMADDWD over 6 rows
   x 16 columns, its float32 arithmetic that of precision.py to the bit; GELU and the residual
   applied inside it as in sgemm_avx2.c. On a layer packed for VNNI (u8-vnni) the same loop sums
-  with VPDPBUSD (AVX512-VNNI and AVX512-VL, in functions compiled for them alone, called only
-  where the CPU reports both), and the activations keep 8 bits;
+  with VPDPBUSD over up to 10 rows of 512-bit registers (AVX512-VNNI, and AVX512-VL on a last
+  partial panel, in functions compiled for them alone, called only where the CPU reports
+  both), and the activations keep 8 bits;
 * attention_avx2.c: softmax(q k^T / sqrt(D)) v for each (sequence, head) on its own, over that
   sequence's tokens only: no padding, no masks, no gathered windows. Its e^x is a polynomial
   (about 1 ulp), so its results differ from PyTorch's by rounding only;
@@ -61,8 +65,8 @@ Python between them. Traced for such a program (packing.own_program), ``product`
 Where it cannot run (no compiler, a failed build, an OpenMP runtime other than libgomp, a CPU
 without AVX2 and FMA), ``load`` returns why, products.py warns once and keeps oneDNN's
 products, attention stays on PyTorch's kernel, and int8 takes the policy's fallback kernel
-(fbgemm's), saying so once; a kernel forced by ``BERTLAB_FLOAT32_KERNEL=sgemm-avx2`` or
-``BERTLAB_INT8_KERNEL=u8-avx2`` raises instead.
+(fbgemm's), saying so once; a kernel forced by ``BERTLAB_FLOAT32_KERNEL=sgemm-avx2`` (or
+``sgemm-avx512``) or ``BERTLAB_INT8_KERNEL=u8-avx2`` raises instead.
 """
 
 from __future__ import annotations
@@ -151,11 +155,16 @@ def product(
     add: torch.Tensor | None = None,
     gelu: bool = False,
     norm: Norm | None = None,
+    wide: bool | None = None,
 ) -> torch.Tensor:
     """(..., K) float32 -> (..., n): ``norm(act(x W^T + bias) (+ add))``, W packed by ``pack``
     into ``panels``; ``bias`` (n) or None, ``add`` (..., n) or None; act GELU with erf where
-    ``gelu``, else none; ``norm`` a layer norm of each row (``Norm``) or None. The first call
-    loads the kernels (RuntimeError, saying why, where they cannot run)."""
+    ``gelu``, else none; ``norm`` a layer norm of each row (``Norm``) or None. ``wide``: the
+    AVX-512F blocks (sgemm-avx512; the same bits), else the AVX2 ones; None: as the policy's
+    float32 kernel says. The first call loads the kernels (RuntimeError, saying why, where they
+    cannot run; also where wide is asked of a CPU without AVX-512F)."""
+    if wide is None:
+        wide = cpu.current().float32_kernel == "sgemm-avx512"
     k = x.shape[-1]
     if (
         x.dtype is not torch.float32
@@ -174,18 +183,25 @@ def product(
         )
     if tracing():  # (a program bertlab compiles: nn/compiled.py)
         w, b, eps = (None, None, 0.0) if norm is None else norm
-        return torch.ops.bertlab.sgemm(x, panels, bias, n, add, bool(gelu), w, b, float(eps))
+        return torch.ops.bertlab.sgemm(
+            x, panels, bias, n, add, bool(gelu), w, b, float(eps), bool(wide)
+        )
     lnw, lnb, eps = _norm(norm, n, "product")
     x = x.contiguous()
     rows = x.numel() // k if k else math.prod(x.shape[:-1])
     out = x.new_empty(*x.shape[:-1], n)
     if rows and n:
-        _kernels().sgemm(
+        status = _kernels().sgemm(
             x.data_ptr(), rows, k, panels.data_ptr(), n,
             None if bias is None else bias.data_ptr(), bool(gelu),
-            None if add is None else add.data_ptr(), lnw, lnb, eps, out.data_ptr(),
+            None if add is None else add.data_ptr(), lnw, lnb, eps, out.data_ptr(), bool(wide),
             torch.get_num_threads(),
         )  # fmt: skip
+        if status:
+            raise RuntimeError(
+                "avx2.product: the wide blocks (sgemm-avx512) need AVX-512F, which this CPU "
+                f"({cpu.classify(cpu.features())}) does not report"
+            )
     return out
 
 
@@ -616,12 +632,12 @@ def _build_and_load() -> object:
         )
     i64, ptr, i32, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_float
     sgemm, attend, qgemm = lib.bertlab_sgemm, lib.bertlab_attention, lib.bertlab_qgemm
-    sgemm.argtypes = [ptr, i64, i64, ptr, i64, ptr, i32, ptr, ptr, ptr, f32, ptr, i32]
+    sgemm.argtypes = [ptr, i64, i64, ptr, i64, ptr, i32, ptr, ptr, ptr, f32, ptr, i32, i32]
     attend.argtypes = [ptr, i64, ptr, i64, ptr, i64, ptr, i64, ptr, i64, i64, i64, i64, i64,
                        f32, ptr, i32]  # fmt: skip
     qgemm.argtypes = [ptr, i64, i64, ptr, i32, i32, ptr, ptr, ptr, i64, ptr, i32, ptr, ptr, ptr,
                       f32, ptr, ptr, ptr, i32]  # fmt: skip
-    sgemm.restype, attend.restype, qgemm.restype = None, ctypes.c_int, ctypes.c_int
+    sgemm.restype = attend.restype = qgemm.restype = ctypes.c_int
     rounding, back = lib.bertlab_quantize, lib.bertlab_dequantize
     rounding.argtypes = [ptr, i64, i64, ptr, i32, ptr, ptr, i32]
     rounding.restype = ctypes.c_int
@@ -695,7 +711,7 @@ def traced_as_operators() -> bool:
     return own_program() and ops() is None
 
 
-def _sgemm_shape(x, panels, bias, n, add, gelu, lnw, lnb, eps):  # noqa: ANN001, ANN202
+def _sgemm_shape(x, panels, bias, n, add, gelu, lnw, lnb, eps, wide=False):  # noqa: ANN001, ANN202, E501
     return x.new_empty(*x.shape[:-1], n)
 
 

@@ -18,9 +18,9 @@
 #include <vector>
 
 extern "C" {
-void bertlab_sgemm(const float *a, int64_t m, int64_t k, const float *panels, int64_t n,
-                   const float *bias, int gelu, const float *add, const float *lnw,
-                   const float *lnb, float eps, float *c, int threads);
+int bertlab_sgemm(const float *a, int64_t m, int64_t k, const float *panels, int64_t n,
+                  const float *bias, int gelu, const float *add, const float *lnw,
+                  const float *lnb, float eps, float *c, int wide, int threads);
 int bertlab_qgemm(const float *a, int64_t m, int64_t k, const float *unsmooth, int levels,
                   int vnni, const int8_t *panels, const int32_t *corr, const float *wscale,
                   int64_t n, const float *bias, int gelu, const float *add, const float *lnw,
@@ -63,7 +63,7 @@ std::pair<at::Tensor, at::Tensor> frame(const at::Tensor &x, int64_t k, int64_t 
 at::Tensor sgemm(const at::Tensor &x, const at::Tensor &panels, const std::optional<at::Tensor> &bias,
                  int64_t n, const std::optional<at::Tensor> &add, bool gelu,
                  const std::optional<at::Tensor> &lnw, const std::optional<at::Tensor> &lnb,
-                 double eps) {
+                 double eps, bool wide) {
   const int64_t k = x.size(-1);
   TORCH_CHECK(panels.scalar_type() == at::kFloat && panels.is_contiguous() && panels.dim() == 3 &&
                   panels.size(0) == (n + PANEL - 1) / PANEL && panels.size(1) == k &&
@@ -73,12 +73,16 @@ at::Tensor sgemm(const at::Tensor &x, const at::Tensor &panels, const std::optio
   TORCH_CHECK(!lnw.has_value() || n % 8 == 0, "bertlab::sgemm: a layer norm needs n % 8 == 0");
   auto [a, out] = frame(x, k, n, add, "sgemm");
   const int64_t rows = k ? a.numel() / k : 0;
-  if (rows && n)
-    bertlab_sgemm(a.data_ptr<float>(), rows, k, panels.data_ptr<float>(), n,
-                  ptr<float>(bias, at::kFloat, n, "bias"), gelu,
-                  ptr<float>(add, at::kFloat, rows * n, "add"), ptr<float>(lnw, at::kFloat, n, "lnw"),
-                  ptr<float>(lnb, at::kFloat, n, "lnb"), (float)eps, out.data_ptr<float>(),
-                  at::get_num_threads());
+  const int status =
+      rows && n ? bertlab_sgemm(a.data_ptr<float>(), rows, k, panels.data_ptr<float>(), n,
+                                ptr<float>(bias, at::kFloat, n, "bias"), gelu,
+                                ptr<float>(add, at::kFloat, rows * n, "add"),
+                                ptr<float>(lnw, at::kFloat, n, "lnw"),
+                                ptr<float>(lnb, at::kFloat, n, "lnb"), (float)eps,
+                                out.data_ptr<float>(), wide, at::get_num_threads())
+                : 0;
+  TORCH_CHECK(status == 0, "bertlab::sgemm: the wide blocks (sgemm-avx512) need AVX-512F, which "
+              "this CPU does not report");
   return out;
 }
 
@@ -178,7 +182,7 @@ at::Tensor attention(const at::Tensor &q, const at::Tensor &k, const at::Tensor 
 
 TORCH_LIBRARY(bertlab, m) {
   m.def("sgemm(Tensor x, Tensor panels, Tensor? bias, int n, Tensor? add, bool gelu, "
-        "Tensor? lnw, Tensor? lnb, float eps) -> Tensor");
+        "Tensor? lnw, Tensor? lnb, float eps, bool wide=False) -> Tensor");
   m.def("qgemm(Tensor x, Tensor panels, Tensor corr, Tensor scale, Tensor? bias, "
         "Tensor? unsmooth, int levels, bool vnni, int k, Tensor? add, bool gelu, Tensor? lnw, "
         "Tensor? lnb, float eps) -> Tensor");

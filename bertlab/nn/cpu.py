@@ -29,20 +29,22 @@ instruction; what was measured where, natively or on a simulation: docs/performa
   refused: it runs, and warns once a process that its products run in float32.
   "PyTorch's": the module route, PyTorch's own kernels (on Arm, its NEON/SVE ones).
   "sgemm*": on AMD CPUs of the class, bertlab's own AVX2 kernel (below); on Intel's, oneDNN.
-  "oneDNN†": on AMD's Zen 4 (family 25), bertlab's own AVX2 kernel too (below).
+  "oneDNN†": on AMD's Zen 4 (family 25), bertlab's own kernel in AVX-512F (below).
   "onednn-s8 (VNNI)†": on AMD's Zen 4, bertlab's own int8 kernel with VNNI, u8-vnni (below).
   "u8-avx2*": on AMD CPUs of the class, bertlab's own int8 kernel (below); on Intel's, fbgemm-u8.
 * **float32 kernel** (``Policy.float32_kernel``): the oneDNN route's float32 products (and a
   bfloat16 model's, computed in float32) run on ``sgemm-avx2``, bertlab's AVX2 kernel
   (avx2.py, sgemm_avx2.c), on AMD CPUs of the avx2 class, where oneDNN's took 1.4x its time at
-  batch 1, and on AMD's AVX-512 CPUs of family 25 (Zen 4: ``half_width_avx512``), which run
-  each 512-bit instruction as two 256-bit halves, so oneDNN's AVX-512 kernels multiply no
-  faster, and took 1.19x its time at batch 1 and 1.07x on sorted batches (docs/performance.md).
+  batch 1, and on ``sgemm-avx512``, the same kernel with its blocks in AVX-512F (the same
+  bits), on AMD's AVX-512 CPUs of family 25 (Zen 4: ``half_width_avx512``). Those run each
+  512-bit instruction as two 256-bit halves, so oneDNN's AVX-512 kernels multiply no faster:
+  they took 1.19x sgemm-avx2's time at batch 1 and 1.07x on sorted batches, and sgemm-avx2
+  took 1.09x sgemm-avx512's, whose blocks issue half its instructions (docs/performance.md).
   Everywhere else oneDNN's: Intel's AVX-512 and AMX CPUs, and Zen 5, have full-width units for
   oneDNN's wider kernels, and Intel's AVX2 CPUs were not measured with it. The kernel is
   compiled at its first product; where it cannot be (no C compiler), products.py warns once
-  and the products stay on oneDNN. ``BERTLAB_FLOAT32_KERNEL`` (``auto``, ``sgemm-avx2`` or
-  ``onednn``) forces one; one that cannot run here is refused by name.
+  and the products stay on oneDNN. ``BERTLAB_FLOAT32_KERNEL`` (``auto``, ``sgemm-avx512``,
+  ``sgemm-avx2`` or ``onednn``) forces one; one that cannot run here is refused by name.
 * **few rows** (``Policy.few_rows``): a float32 product of at most products.FEW_ROWS rows (one
   short sentence, a handful of them) reads its whole weight for little arithmetic, and MKL's
   packed product does that faster than oneDNN's on Intel CPUs (docs/performance.md). There,
@@ -67,7 +69,8 @@ instruction; what was measured where, natively or on a simulation: docs/performa
   (docs/performance.md), so it is chosen on AMD's avx2 class, with fbgemm-u8 as the fallback
   where it cannot be built (no C compiler: ``Policy.int8_fallback``); elsewhere it comes last,
   for a PyTorch without fbgemm or oneDNN. ``u8-vnni`` is the same kernel summing with VNNI's
-  VPDPBUSD (AVX512-VNNI, in its 256-bit form: AVX512-VL), which adds four u8 x s8 products
+  VPDPBUSD (AVX512-VNNI, in 512-bit blocks, and in its 256-bit form, AVX512-VL, on the last
+  columns), which adds four u8 x s8 products
   straight into 32 bits, so the activations keep 8 bits: the same sums as onednn-s8's, with
   the rounding, scaling, GELU, residual and layer norm inside the one call. On the Zen 4 EPYC
   (``half_width_avx512``) the int8 model on onednn-s8 took 1.60x its time at batch 1 and 1.03x
@@ -353,9 +356,10 @@ COMPILED_TOKENS_AVX2 = {
 
 
 def _on_avx2_kernels(precision: str, float32_kernel: str | None, int8_kernel: str | None) -> bool:
-    """``precision``'s products run on bertlab's AVX2 kernels (float32 on sgemm-avx2, int8 on
-    u8-avx2 or u8-vnni), which a compiled program calls as operators (avx2.ops)."""
-    return (precision == "float32" and float32_kernel == "sgemm-avx2") or (
+    """``precision``'s products run on bertlab's AVX2 kernels (float32 on sgemm-avx2 or
+    sgemm-avx512, int8 on u8-avx2 or u8-vnni), which a compiled program calls as operators
+    (avx2.ops)."""
+    return (precision == "float32" and float32_kernel in OWN_FLOAT32) or (
         precision == "int8" and int8_kernel in OWN_INT8
     )
 
@@ -397,9 +401,9 @@ class Policy:
     # (None where float32 takes PyTorch's kernels), and why
     few_rows: str | None = None
     few_rows_why: str = ""
-    # the kernel of float32 products on the oneDNN route: "sgemm-avx2" (bertlab's own, every
-    # row count, before few_rows) or "onednn" (None where float32 takes PyTorch's kernels), and
-    # why
+    # the kernel of float32 products on the oneDNN route: "sgemm-avx2" or "sgemm-avx512"
+    # (bertlab's own, every row count, before few_rows) or "onednn" (None where float32 takes
+    # PyTorch's kernels), and why
     float32_kernel: str | None = None
     float32_kernel_why: str = ""
     # onednn-s8 products of more than precision.S8_FEW_ROWS rows on oneDNN's linear kernel with
@@ -648,7 +652,9 @@ def _few_rows(f: Features, products: dict[torch.dtype, str], forced: str) -> tup
     return "mkl", "MKL's packed product, measured faster than oneDNN's on few rows"
 
 
-FLOAT32_KERNELS = ("sgemm-avx2", "onednn")
+FLOAT32_KERNELS = ("sgemm-avx512", "sgemm-avx2", "onednn")
+# bertlab's own (avx2.py, sgemm_avx2.c): the same kernel, its blocks in AVX-512F or in AVX2
+OWN_FLOAT32 = ("sgemm-avx512", "sgemm-avx2")
 
 
 def _float32_kernel(
@@ -660,15 +666,18 @@ def _float32_kernel(
     forced = forced.strip().lower()
     if forced not in ("", "auto", *FLOAT32_KERNELS):
         raise ValueError(
-            f"BERTLAB_FLOAT32_KERNEL={forced} is not a kernel; choose auto, sgemm-avx2 or onednn"
+            f"BERTLAB_FLOAT32_KERNEL={forced} is not a kernel; choose auto, "
+            f"{', '.join(FLOAT32_KERNELS[:-1])} or onednn"
         )
-    if forced == "sgemm-avx2" and not (f.x86 and {"avx2", "fma3"} <= f.flags):
+    needs = {"sgemm-avx2": ({"avx2", "fma3"}, "AVX2 and FMA"),
+             "sgemm-avx512": ({"avx2", "fma3", "avx512_f"}, "AVX2, FMA and AVX-512F")}  # fmt: skip
+    if forced in needs and not (f.x86 and needs[forced][0] <= f.flags):
         raise ValueError(
-            "BERTLAB_FLOAT32_KERNEL=sgemm-avx2: the kernel needs "
+            f"BERTLAB_FLOAT32_KERNEL={forced}: the kernel needs "
             + (
                 f"an x86 CPU; this one is {f.arch}"
                 if not f.x86
-                else f"AVX2 and FMA, which this CPU ({cls}) does not have"
+                else f"{needs[forced][1]}, which this CPU ({cls}) does not have"
             )  # fmt: skip
             + (f" within {', '.join(f.limits)}" if f.limits else "")
         )
@@ -677,10 +686,11 @@ def _float32_kernel(
     if forced in FLOAT32_KERNELS:
         return forced, f"forced by BERTLAB_FLOAT32_KERNEL={forced}"
     if half_width_avx512(f):
-        return "sgemm-avx2", (
-            "bertlab's AVX2 kernel: this CPU (AMD family 25, Zen 4) runs AVX-512 on 256-bit "
-            "halves, so oneDNN's wider kernels multiply no faster, and sgemm-avx2 was measured "
-            "faster than them"
+        return "sgemm-avx512", (
+            "bertlab's kernel in AVX-512F: this CPU (AMD family 25, Zen 4) runs AVX-512 on "
+            "256-bit halves, so oneDNN's wider kernels multiply no faster, and bertlab's was "
+            "measured faster than them; its AVX-512 blocks issue half the instructions of its "
+            "AVX2 ones, which it was measured faster than too"
         )
     if cls != "avx2":
         return "onednn", (

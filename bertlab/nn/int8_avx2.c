@@ -31,7 +31,7 @@
 
    The rounding is done once for all rows, then each thread takes whole panels (OpenMP,
    PyTorch's own runtime: avx2.py checks that one libgomp is loaded). For each panel the rows go
-   through in blocks of up to 6, as even as can be: 6 rows x 16 columns of sums stay in 12
+   through in blocks of up to 6 (with VNNI, 10: below), as even as can be: 6 rows x 16 columns of sums stay in 12
    registers while the inputs stream past, each step of 4 inputs one pair of panel loads, 6
    broadcasts and 12 of each of VPMADDUBSW, VPMADDWD and VPADDD (or 12 VPDPBUSD), and the panel
    (6 KiB at k = 384) stays in the core's cache. No load or store needs aligned memory. */
@@ -156,6 +156,40 @@ BLOCK(block, STEP, 4) BLOCK(block, STEP, 5) BLOCK(block, STEP, 6)
 #pragma GCC target("avx512f,avx512vl,avx512vnni")
 BLOCK(vnni, STEP_VNNI, 1) BLOCK(vnni, STEP_VNNI, 2) BLOCK(vnni, STEP_VNNI, 3)
 BLOCK(vnni, STEP_VNNI, 4) BLOCK(vnni, STEP_VNNI, 5) BLOCK(vnni, STEP_VNNI, 6)
+
+/* With VNNI a full panel takes wide blocks: up to 10 rows (WIDE_ROWS), a row's 16 sums in one
+   512-bit register, each step of 4 inputs one panel load, and a broadcast and one VPDPBUSD a
+   row (against the 256-bit blocks' two). Each row's sums are those of the 256-bit blocks, and
+   are finished on their two halves by the same FINISH: the same bits. */
+#define WIDE_ROWS 10
+#define WSTEP(r)                                                                           \
+  if (R > r)                                                                               \
+    t##r = _mm512_dpbusd_epi32(t##r, _mm512_set1_epi32(*(const int32_t *)(u + (r) * kp + 4 * g)), \
+                               w);
+#define WSTORE(r)                                                 \
+  if (R > r) {                                                    \
+    const __m256i s##r##0 = _mm512_castsi512_si256(t##r);         \
+    const __m256i s##r##1 = _mm512_extracti64x4_epi64(t##r, 1);   \
+    FINISH(r, 0)                                                  \
+    FINISH(r, 1)                                                  \
+  }
+#define WIDE(R_)                                                                               \
+  static void wide##R_(const uint8_t *u, int64_t kp, const float *ascale, const int8_t *panel, \
+                       const int32_t *corr, const float *wscale, const float *bias, int gelu,  \
+                       const float *add, float *c, int64_t ldc, const int8_t *ahead) {        \
+    enum { R = R_ };                                                                           \
+    const __m512i z = _mm512_setzero_si512();                                                  \
+    __m512i t0 = z, t1 = z, t2 = z, t3 = z, t4 = z, t5 = z, t6 = z, t7 = z, t8 = z, t9 = z;    \
+    for (int64_t g = 0; g < kp / 4; g++) {                                                     \
+      const __m512i w = _mm512_loadu_si512((const void *)(panel + g * GROUP));                 \
+      if (ahead) _mm_prefetch((const char *)(ahead + g * GROUP), _MM_HINT_T1);                 \
+      WSTEP(0) WSTEP(1) WSTEP(2) WSTEP(3) WSTEP(4) WSTEP(5) WSTEP(6) WSTEP(7) WSTEP(8)         \
+      WSTEP(9)                                                                                 \
+    }                                                                                          \
+    WSTORE(0) WSTORE(1) WSTORE(2) WSTORE(3) WSTORE(4) WSTORE(5) WSTORE(6) WSTORE(7)            \
+    WSTORE(8) WSTORE(9)                                                                        \
+  }
+WIDE(1) WIDE(2) WIDE(3) WIDE(4) WIDE(5) WIDE(6) WIDE(7) WIDE(8) WIDE(9) WIDE(10)
 #pragma GCC pop_options
 
 /* A block of `rows` rows (1 to 6): each size is its own function, its sums in registers. */
@@ -164,6 +198,8 @@ typedef void (*block_fn)(const uint8_t *, int64_t, const float *, const int8_t *
                          const int8_t *);
 static const block_fn PLAIN[ROWS] = {block1, block2, block3, block4, block5, block6};
 static const block_fn WITH_VNNI[ROWS] = {vnni1, vnni2, vnni3, vnni4, vnni5, vnni6};
+static const block_fn WIDE_VNNI[WIDE_ROWS] = {wide1, wide2, wide3, wide4, wide5,
+                                              wide6, wide7, wide8, wide9, wide10};
 
 static void block(int vnni, int rows, const uint8_t *u, int64_t kp, const float *ascale,
                   const int8_t *panel, const int32_t *corr, const float *wscale,
@@ -173,10 +209,10 @@ static void block(int vnni, int rows, const uint8_t *u, int64_t kp, const float 
                                        ahead);
 }
 
-/* The last panel of an n that is not a multiple of 16: computed into a 6 x 16 scratch (its
-   corrections, scales, bias and add read through zero-padded copies), then its first `cols`
-   columns copied out. */
-static void partial(int vnni, int rows, int cols, const uint8_t *u, int64_t kp,
+/* The last panel of an n that is not a multiple of 16: each block of up to 6 rows computed into
+   a 6 x 16 scratch (its corrections, scales, bias and add read through zero-padded copies),
+   then its first `cols` columns copied out. */
+static void partial6(int vnni, int rows, int cols, const uint8_t *u, int64_t kp,
                     const float *ascale, const int8_t *panel, const int32_t *corr,
                     const float *wscale, const float *bias, int gelu, const float *add,
                     float *c, int64_t ldc) {
@@ -192,6 +228,17 @@ static void partial(int vnni, int rows, int cols, const uint8_t *u, int64_t kp,
   block(vnni, rows, u, kp, ascale, panel, cr, ws, b, gelu, add ? plus : 0, out, PANEL, 0);
   for (int r = 0; r < rows; r++)
     for (int j = 0; j < cols; j++) c[r * ldc + j] = out[r * PANEL + j];
+}
+
+static void partial(int vnni, int rows, int cols, const uint8_t *u, int64_t kp,
+                    const float *ascale, const int8_t *panel, const int32_t *corr,
+                    const float *wscale, const float *bias, int gelu, const float *add,
+                    float *c, int64_t ldc) {
+  for (int r = 0, size; r < rows; r += size) { /* (a wide block's rows: up to 10) */
+    size = rows - r < ROWS ? rows - r : ROWS;
+    partial6(vnni, size, cols, u + r * kp, kp, ascale + r, panel, corr, wscale, bias, gelu,
+             add ? add + r * ldc : 0, c + r * ldc, ldc);
+  }
 }
 
 /* The rounding alone, for oneDNN's signed int8 product (precision.py's onednn-s8): each row r
@@ -288,14 +335,16 @@ int bertlab_qgemm(const float *a, int64_t m, int64_t k, const float *unsmooth, i
       const int64_t col = p * PANEL;
       const int cols = n - col < PANEL ? (int)(n - col) : PANEL;
       const int8_t *next = p + 1 < count ? panel + kp * PANEL : 0;
-      const int64_t blocks = (m + ROWS - 1) / ROWS; /* (as evenly as sgemm_avx2.c's) */
+      const int64_t most = vnni ? WIDE_ROWS : ROWS;
+      const int64_t blocks = (m + most - 1) / most; /* (as evenly as sgemm_avx2.c's) */
       for (int64_t b = 0, row = 0, rows; b < blocks; b++, row += rows) {
         rows = (m - row) / (blocks - b);
         const float *plus = add ? add + row * n + col : 0;
         if (cols == PANEL)
-          block(vnni, rows, qa + row * kp, kp, ascale + row, panel, corr + col, wscale + col,
-                bias ? bias + col : 0, gelu, plus, c + row * n + col, n,
-                b == (blocks > 1) ? next : 0);
+          (vnni ? WIDE_VNNI : PLAIN)[rows - 1](qa + row * kp, kp, ascale + row, panel,
+                                               corr + col, wscale + col, bias ? bias + col : 0,
+                                               gelu, plus, c + row * n + col, n,
+                                               b == (blocks > 1) ? next : 0);
         else
           partial(vnni, rows, cols, qa + row * kp, kp, ascale + row, panel, corr + col,
                   wscale + col, bias ? bias + col : 0, gelu, plus, c + row * n + col, n);

@@ -22,8 +22,9 @@ maps a dtype to its route):
               where the policy says so (``cpu.current().few_rows == "mkl"``: Intel CPUs) MKL's
               packed product computes it instead, on a second packed copy of the weight made
               the first time such a product runs, and the epilogue follows in place. Where
-              ``cpu.current().float32_kernel == "sgemm-avx2"`` (AMD's AVX2 CPUs, and Zen 4)
-              every float32 product runs on bertlab's own kernel instead (avx2.py), on the
+              ``cpu.current().float32_kernel`` is ``"sgemm-avx2"`` (AMD's AVX2 CPUs) or
+              ``"sgemm-avx512"`` (Zen 4) every float32 product runs on bertlab's own kernel
+              instead (avx2.py; the two differ in their blocks' instructions only), on the
               weight packed in
               its panels, the residual or GELU applied inside it (another activation in place
               after), and the layer norm that follows (``norm=``) inside it too, on each row
@@ -442,7 +443,7 @@ def _sgemm_here() -> bool:
     policy = cpu.current()
     if _SGEMM and _SGEMM[0][0] is policy:
         return _SGEMM[0][1]
-    ok = policy.float32_kernel == "sgemm-avx2"
+    ok = policy.float32_kernel in cpu.OWN_FLOAT32
     if ok and (why := avx2.load()) is not None:
         if policy.float32_kernel_why.startswith("forced"):
             raise RuntimeError(f"{policy.float32_kernel_why}, but it cannot run here: {why}")
