@@ -147,6 +147,78 @@ def test_rounds_are_paired_with_the_fastest_peer_of_the_same_precision():
     ]
 
 
+def _report(cls, rows):
+    systems = {name: {"tokens_per_s": rate} for name, rate in rows.items()}
+    return {"benchmark": "runtimes", "cpu": {"class": cls},
+            "workloads": {"batch-1": {"systems": systems}}}  # fmt: skip
+
+
+def test_saved_reports_are_read_back_side_by_side(tmp_path, capsys):
+    """``--compare``: each report's bertlab systems over the fastest peer of their precision
+    (ratio of the medians), eager and compiled, a row per report and workload; nothing timed."""
+    from bertlab.cli.main import main
+
+    a = _report("avx2", {"bertlab-fp32": 90.0, "bertlab-fp32-compiled": 120.0,
+                         "onnxruntime-fp32": 100.0, "transformers-fp32": 50.0,
+                         "bertlab-int8": 200.0, "onnxruntime-int8": 160.0,
+                         "bertlab-bf16": 70.0})  # fmt: skip
+    cells = runtimes.against_peers(a)["batch-1"]
+    assert cells["fp32"] == {"peer": "onnxruntime-fp32", "eager": 0.9, "compiled": 1.2}
+    assert cells["int8"] == {"peer": "onnxruntime-int8", "eager": 1.25, "compiled": None}
+    assert "bf16" not in cells  # (no bfloat16 peer ran)
+    b = _report("amx", {"openvino-bf16": 100.0, "bertlab-bf16-compiled": 150.0})
+    assert runtimes.side_by_side([("a.json", a), ("b.json", b)]).splitlines()[2:] == [
+        "| `a.json` | avx2 | batch-1 | 0.90x / 1.20x onnxruntime-fp32 | not run "
+        "| 1.25x / - onnxruntime-int8 |",
+        "| `b.json` | amx | batch-1 | not run | - / 1.50x openvino-bf16 | not run |",
+    ]
+    for name, report in (("a.json", a), ("b.json", b)):
+        (tmp_path / name).write_text(json.dumps(report))
+    code = main(["bench", "runtimes", "--compare", str(tmp_path / "a.json"),
+                 str(tmp_path / "b.json")])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0 and "| `a.json` | avx2 | batch-1 | 0.90x / 1.20x" in out
+    assert "| `b.json` | amx |" in out
+
+
+def test_a_file_that_is_not_a_runtimes_report_is_refused_by_name(tmp_path, capsys):
+    from bertlab.cli.main import main
+
+    (tmp_path / "text.json").write_text("not json")
+    (tmp_path / "speed.json").write_text(json.dumps({"benchmark": "speed"}))
+    (tmp_path / "ok.json").write_text(json.dumps(_report("avx2", {})))
+    for args, message in (
+        ([tmp_path / "missing.json"], "missing.json: no such report"),
+        ([tmp_path / "text.json"], "text.json: not a JSON report"),
+        ([tmp_path / "speed.json"], "not a report of bertlab bench runtimes (its benchmark is "
+                                    "'speed')"),
+        ([tmp_path / "ok.json", "--out", tmp_path / "x.json"], "no --out or --plot"),
+    ):  # fmt: skip
+        code = main(["bench", "runtimes", "--compare", *map(str, args)])
+        err = capsys.readouterr().err
+        assert code == 2 and message in err, err
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_the_performance_pages_classes_table_is_what_the_command_prints():
+    """docs/performance.md's table of the classes side by side is the output of the command
+    above it, on the records it names, which the repository holds."""
+    root = Path(__file__).resolve().parents[1]
+    page = (root / "docs" / "performance.md").read_text(encoding="utf-8")
+    section = page.split("## Where each class stands\n", 1)[1].split("\n## ", 1)[0]
+    command = section.split("```text\n", 1)[1].split("```", 1)[0].replace("\\\n", " ")
+    assert command.split()[:4] == ["bertlab", "bench", "runtimes", "--compare"]
+    files = command.split()[4:]
+    assert {runtimes.read_report(root / f)["cpu"]["class"] for f in files} >= {
+        "amx",
+        "avx512-bf16",
+        "avx2",
+    }  # (every class a machine of the project's measured)
+    table = [line for line in section.splitlines() if line.startswith("| ")]
+    reports = [(Path(f).name, runtimes.read_report(root / f)) for f in files]
+    assert "\n".join(table) == runtimes.side_by_side(reports)
+
+
 def test_quality_figures():
     a = np.eye(3, dtype=np.float32)
     q = runtimes.quality(a, a)

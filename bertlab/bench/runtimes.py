@@ -33,11 +33,16 @@ Contention (``busy``, ``--busy N``): each workload is timed a second time while 
 processes spin in pure Python on the same cores, the state a server's tokenizing and writing
 threads put the model in. Each system's row then holds ``busy_tokens_per_s`` and ``kept``,
 the share of its quiet throughput it keeps.
+
+Side by side (``side_by_side``, ``--compare REPORT ...``): saved reports, from machines of
+different classes, read back into one table of bertlab against the fastest peer of each
+precision, eager and through ``Compiled``, a row per report and workload; nothing is timed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import statistics
 import subprocess
@@ -444,6 +449,67 @@ def paired_lines(report: dict[str, Any]) -> list[str]:
         for workload, w in report["workloads"].items()
         for p in w.get("paired", ())  # (records from before it was kept have none)
     ]
+
+
+def against_peers(report: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
+    """For each workload of a report and each precision it measured: bertlab's real tokens/s
+    over the fastest peer's of that precision (``PEERS``; ratio of the medians), eager
+    (``eager``) and through Compiled (``compiled``; None where the report has no such system),
+    and which peer (``peer``). A precision without a peer or a bertlab system is left out."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for workload, w in report["workloads"].items():
+        rows, cells = w["systems"], {}
+        for precision, peers in PEERS.items():
+            present = [p for p in peers if p in rows]
+            ours = [rows.get(f"bertlab-{precision}"), rows.get(f"bertlab-{precision}-compiled")]
+            if not present or ours == [None, None]:
+                continue
+            peer = max(present, key=lambda p: rows[p]["tokens_per_s"])
+            rate = rows[peer]["tokens_per_s"]
+            eager, compiled = (None if r is None else r["tokens_per_s"] / rate for r in ours)
+            cells[precision] = {"peer": peer, "eager": eager, "compiled": compiled}
+        out[workload] = cells
+    return out
+
+
+def read_report(path: str | os.PathLike) -> dict[str, Any]:
+    """A report ``bertlab bench runtimes --out`` wrote (ValueError naming the file where it is
+    not one)."""
+    try:
+        report = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: no such report") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: not a JSON report ({e})") from None
+    if not isinstance(report, dict) or report.get("benchmark") != "runtimes":
+        found = report.get("benchmark") if isinstance(report, dict) else type(report).__name__
+        raise ValueError(
+            f"{path}: not a report of bertlab bench runtimes (its benchmark is {found!r})"
+        )
+    return report
+
+
+def side_by_side(reports: list[tuple[str, dict[str, Any]]]) -> str:
+    """A markdown table of ``against_peers`` for each (name, report): a row per report and
+    workload, a column per precision, each cell eager / Compiled against the fastest peer."""
+    out = [
+        "| record | CPU class | workload | float32 | bfloat16 | int8 |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, report in reports:
+        for workload, cells in against_peers(report).items():
+            row = [f"`{name}`", report.get("cpu", {}).get("class", "not recorded"), workload]
+            for precision in PEERS:
+                cell = cells.get(precision)
+                if cell is None:
+                    row.append("not run")
+                    continue
+                eager, compiled = (
+                    "-" if x is None else f"{x:.2f}x" for x in (cell["eager"], cell["compiled"])
+                )
+                row.append(f"{eager} / {compiled} {cell['peer']}")
+            out.append("| " + " | ".join(row) + " |")
+    return "\n".join(out)
 
 
 def cpu_line(described: dict[str, Any]) -> str:

@@ -211,8 +211,19 @@ def cmd_bench_runtimes(args: argparse.Namespace) -> int:
         markdown_table,
         paired_lines,
         plot,
+        read_report,
+        side_by_side,
     )
 
+    if args.compare:
+        if args.out or args.plot:
+            raise ValueError("--compare reads saved reports and times nothing: no --out or --plot")
+        reports = [(Path(path).name, read_report(path)) for path in args.compare]
+        print("bertlab's real tokens/s over the fastest peer of each precision (ratio of the")
+        print("medians), eager / through Compiled, and that peer; - where the report has no such")
+        print("system")
+        print(side_by_side(reports))
+        return 0
     if args.plot and not Path(args.plot).parent.is_dir():
         raise FileNotFoundError(f"--plot {args.plot}: the folder does not exist")
     check_plot(args, "runtimes")
@@ -521,6 +532,13 @@ def add_bench_parsers(sub: argparse._SubParsersAction) -> None:
         metavar="N",
         help="also time every workload beside N processes spinning on the same cores, and "
         "report the share of quiet throughput each system keeps (default: 0, quiet only)",
+    )
+    rt.add_argument(
+        "--compare",
+        nargs="+",
+        metavar="REPORT",
+        help="time nothing: print saved reports (--out of earlier runs, on any machines) side "
+        "by side, bertlab against the fastest peer of each precision",
     )
     common(rt)
     rt.set_defaults(func=cmd_bench_runtimes)
