@@ -94,6 +94,7 @@ def test_every_installed_system_runs_and_reports_its_agreement(monkeypatch, one_
     assert report["workloads"]["batch-1"]["padding_share"] == 0.0
     # the CPU's class and bertlab's kernels on it, as bertlab.nn.cpu chose them
     assert report["cpu"] == cpu.current().describe()
+    assert time.strptime(report["date"], "%Y-%m-%d %H:%M UTC")  # when it ran (a bad form raises)
     line = runtimes.cpu_line(report["cpu"])
     assert line.startswith(f"CPU class {cpu.current().cpu_class} (")
     assert (cpu.current().int8_kernel or "no int8") in line
@@ -167,10 +168,11 @@ def test_saved_reports_are_read_back_side_by_side(tmp_path, capsys):
     assert cells["int8"] == {"peer": "onnxruntime-int8", "eager": 1.25, "compiled": None}
     assert "bf16" not in cells  # (no bfloat16 peer ran)
     b = _report("amx", {"openvino-bf16": 100.0, "bertlab-bf16-compiled": 150.0})
+    b["date"] = "2026-11-29 05:45 UTC"  # (reports before that day have none)
     assert runtimes.side_by_side([("a.json", a), ("b.json", b)]).splitlines()[2:] == [
         "| `a.json` | avx2 | batch-1 | 0.90x / 1.20x onnxruntime-fp32 | not run "
         "| 1.25x / - onnxruntime-int8 |",
-        "| `b.json` | amx | batch-1 | not run | - / 1.50x openvino-bf16 | not run |",
+        "| `b.json` (2026-11-29) | amx | batch-1 | not run | - / 1.50x openvino-bf16 | not run |",
     ]
     for name, report in (("a.json", a), ("b.json", b)):
         (tmp_path / name).write_text(json.dumps(report))
@@ -178,7 +180,7 @@ def test_saved_reports_are_read_back_side_by_side(tmp_path, capsys):
                  str(tmp_path / "b.json")])  # fmt: skip
     out = capsys.readouterr().out
     assert code == 0 and "| `a.json` | avx2 | batch-1 | 0.90x / 1.20x" in out
-    assert "| `b.json` | amx |" in out
+    assert "| `b.json` (2026-11-29) | amx |" in out
 
 
 def test_a_file_that_is_not_a_runtimes_report_is_refused_by_name(tmp_path, capsys):

@@ -15,7 +15,7 @@ row would repeat the uncompiled one).
 The report records the CPU's class and the kernels bertlab chose on it (``cpu``:
 ``bertlab.nn.cpu.current().describe()``: model, flags, the libraries' instruction-set limits
 if any were set, oneDNN's instruction set, the int8 kernel, the bfloat16 route, the compiled
-precisions), and the command prints it above its table.
+precisions), and the command prints it above its table; ``date`` is when the run started (UTC).
 
 Workloads, fixed before any result: real sentences (CoNLL-2003 news from ``--data``, else the
 bundled SST-2 sample), tokenized to at most 128 tokens,
@@ -48,6 +48,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -353,6 +354,7 @@ def bench_runtimes(
     report: dict[str, Any] = {
         "benchmark": "runtimes",
         "machine": machine(),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),  # (when the run started)
         "cpu": cpu.current().describe(),
         "model": str(model_dir),
         "texts": origin,
@@ -498,7 +500,8 @@ def side_by_side(reports: list[tuple[str, dict[str, Any]]]) -> str:
     ]
     for name, report in reports:
         for workload, cells in against_peers(report).items():
-            row = [f"`{name}`", report.get("cpu", {}).get("class", "not recorded"), workload]
+            when = f" ({report['date'][:10]})" if report.get("date") else ""  # (since 2026-11-29)
+            row = [f"`{name}`{when}", report.get("cpu", {}).get("class", "not recorded"), workload]
             for precision in PEERS:
                 cell = cells.get(precision)
                 if cell is None:
