@@ -31,10 +31,11 @@
 
    The rounding is done once for all rows, then each thread takes whole panels (OpenMP,
    PyTorch's own runtime: avx2.py checks that one libgomp is loaded). For each panel the rows go
-   through in blocks of up to 6 (with VNNI, 10: below), as even as can be: 6 rows x 16 columns of sums stay in 12
-   registers while the inputs stream past, each step of 4 inputs one pair of panel loads, 6
-   broadcasts and 12 of each of VPMADDUBSW, VPMADDWD and VPADDD (or 12 VPDPBUSD), and the panel
-   (6 KiB at k = 384) stays in the core's cache. No load or store needs aligned memory. */
+   through in blocks of up to 6 (with VNNI, 10: below), as even as can be: 6 rows x 16 columns
+   of sums stay in 12 registers while the inputs stream past, each step of 4 inputs one pair of
+   panel loads, 6 broadcasts and 12 of each of VPMADDUBSW, VPMADDWD and VPADDD (or 12
+   VPDPBUSD), and the panel (6 KiB at k = 384) stays in the core's cache. No load or store
+   needs aligned memory. */
 
 #include <float.h>
 #include <immintrin.h>
@@ -209,10 +210,10 @@ static void block(int vnni, int rows, const uint8_t *u, int64_t kp, const float 
                                        ahead);
 }
 
-/* The last panel of an n that is not a multiple of 16: each block of up to 6 rows computed into
-   a 6 x 16 scratch (its corrections, scales, bias and add read through zero-padded copies),
-   then its first `cols` columns copied out. */
-static void partial6(int vnni, int rows, int cols, const uint8_t *u, int64_t kp,
+/* The last panel of an n that is not a multiple of 16: the block (up to 6 rows, with VNNI too)
+   computed into a 6 x 16 scratch (its corrections, scales, bias and add read through
+   zero-padded copies), then its first `cols` columns copied out. */
+static void partial(int vnni, int rows, int cols, const uint8_t *u, int64_t kp,
                     const float *ascale, const int8_t *panel, const int32_t *corr,
                     const float *wscale, const float *bias, int gelu, const float *add,
                     float *c, int64_t ldc) {
@@ -228,17 +229,6 @@ static void partial6(int vnni, int rows, int cols, const uint8_t *u, int64_t kp,
   block(vnni, rows, u, kp, ascale, panel, cr, ws, b, gelu, add ? plus : 0, out, PANEL, 0);
   for (int r = 0; r < rows; r++)
     for (int j = 0; j < cols; j++) c[r * ldc + j] = out[r * PANEL + j];
-}
-
-static void partial(int vnni, int rows, int cols, const uint8_t *u, int64_t kp,
-                    const float *ascale, const int8_t *panel, const int32_t *corr,
-                    const float *wscale, const float *bias, int gelu, const float *add,
-                    float *c, int64_t ldc) {
-  for (int r = 0, size; r < rows; r += size) { /* (a wide block's rows: up to 10) */
-    size = rows - r < ROWS ? rows - r : ROWS;
-    partial6(vnni, size, cols, u + r * kp, kp, ascale + r, panel, corr, wscale, bias, gelu,
-             add ? add + r * ldc : 0, c + r * ldc, ldc);
-  }
 }
 
 /* The rounding alone, for oneDNN's signed int8 product (precision.py's onednn-s8): each row r
@@ -335,7 +325,7 @@ int bertlab_qgemm(const float *a, int64_t m, int64_t k, const float *unsmooth, i
       const int64_t col = p * PANEL;
       const int cols = n - col < PANEL ? (int)(n - col) : PANEL;
       const int8_t *next = p + 1 < count ? panel + kp * PANEL : 0;
-      const int64_t most = vnni ? WIDE_ROWS : ROWS;
+      const int64_t most = vnni && cols == PANEL ? WIDE_ROWS : ROWS; /* (partial: 6) */
       const int64_t blocks = (m + most - 1) / most; /* (as evenly as sgemm_avx2.c's) */
       for (int64_t b = 0, row = 0, rows; b < blocks; b++, row += rows) {
         rows = (m - row) / (blocks - b);

@@ -99,10 +99,10 @@ static void block(int rows, const float *a, int64_t lda, const float *panel, int
   }
 }
 
-/* The last panel of an n that is not a multiple of 16: each block of up to 6 rows is computed
-   into a 6 x 16 scratch (its bias and add read through scratch copies too), then its first
-   `cols` columns are copied out. */
-static void partial6(int rows, int cols, const float *a, int64_t lda, const float *panel,
+/* The last panel of an n that is not a multiple of 16: the block (up to 6 rows, also under
+   wide) is computed into a 6 x 16 scratch (its bias and add read through scratch copies too),
+   then its first `cols` columns are copied out. */
+static void partial(int rows, int cols, const float *a, int64_t lda, const float *panel,
                     int64_t k, const float *bias, int gelu, const float *add, float *c,
                     int64_t ldc) {
   float out[ROWS * PANEL], plus[ROWS * PANEL] = {0}, b[PANEL] = {0};
@@ -114,16 +114,6 @@ static void partial6(int rows, int cols, const float *a, int64_t lda, const floa
     for (int j = 0; j < cols; j++) c[r * ldc + j] = out[r * PANEL + j];
 }
 
-static void partial(int rows, int cols, const float *a, int64_t lda, const float *panel,
-                    int64_t k, const float *bias, int gelu, const float *add, float *c,
-                    int64_t ldc) {
-  for (int r = 0, size; r < rows; r += size) { /* (a wide block's rows: up to 10) */
-    size = rows - r < ROWS ? rows - r : ROWS;
-    partial6(size, cols, a + r * lda, lda, panel, k, bias, gelu, add ? add + r * ldc : 0,
-             c + r * ldc, ldc);
-  }
-}
-
 /* The wide blocks (see wide above): R rows (1 to 10) x 16 columns, the sums of a row in one
    512-bit register, the epilogue that of the AVX2 blocks on its two 256-bit halves (the same
    GELU to the bit). Only a full panel takes them. */
@@ -132,17 +122,14 @@ static void partial(int rows, int cols, const float *a, int64_t lda, const float
 #pragma GCC target("avx512f")
 #define WSTEP(r) \
   if (R > r) t##r = _mm512_fmadd_ps(_mm512_set1_ps(a[(r) * lda + i]), w, t##r);
-#define HALVES(v, lo, hi)                                                          \
-  __m256 lo = _mm512_castps512_ps256(v);                                          \
-  __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
 #define WSTORE(r)                                                                       \
   if (R > r) {                                                                          \
     if (bias) t##r = _mm512_add_ps(t##r, _mm512_loadu_ps(bias));                        \
     if (gelu) {                                                                         \
-      HALVES(t##r, lo, hi)                                                              \
+      const __m256 lo = _mm512_castps512_ps256(t##r);                                   \
+      const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(t##r), 1)); \
       t##r = _mm512_castpd_ps(_mm512_insertf64x4(                                       \
-          _mm512_castps_pd(_mm512_castps256_ps512(gelu8(lo))),                          \
-          _mm256_castps_pd(gelu8(hi)), 1));                                              \
+          _mm512_castps_pd(_mm512_castps256_ps512(gelu8(lo))), _mm256_castps_pd(gelu8(hi)), 1)); \
     }                                                                                   \
     if (add) t##r = _mm512_add_ps(t##r, _mm512_loadu_ps(add + (r) * ldc));              \
     _mm512_storeu_ps(c + (r) * ldc, t##r);                                              \
@@ -176,7 +163,6 @@ int bertlab_sgemm(const float *a, int64_t m, int64_t k, const float *panels, int
                   const float *lnb, float eps, float *c, int wide, int threads) {
   if (wide && !__builtin_cpu_supports("avx512f")) return -2;
   const int64_t count = (n + PANEL - 1) / PANEL;
-  const int most = wide ? WIDE_ROWS : ROWS;
 #pragma omp parallel num_threads(threads)
   {
 #pragma omp for schedule(static)
@@ -187,6 +173,7 @@ int bertlab_sgemm(const float *a, int64_t m, int64_t k, const float *panels, int
       /* the next panel is prefetched into L2 during one pass over this one (the second, where
          there is one: the first reads this panel from memory), one cache line a step */
       const float *next = p + 1 < count ? panel + k * PANEL : 0;
+      const int64_t most = wide && cols == PANEL ? WIDE_ROWS : ROWS; /* (partial: 6) */
       const int64_t blocks = (m + most - 1) / most;
       for (int64_t b = 0, row = 0, rows; b < blocks; b++, row += rows) {
         rows = (m - row) / (blocks - b); /* (see ROWS) */
