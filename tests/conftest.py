@@ -43,6 +43,19 @@ def module_tmp(tmp_path_factory):
 
 
 def pytest_configure(config):
+    """The policy reads no float32 kernel measured on this machine by ``bertlab bench kernels
+    --save`` (nn/cpu.py): the tests see the classes' own choices, wherever they run. A test of
+    that file points BERTLAB_MEASURED_DIR at a folder of its own."""
+    import os
+    import tempfile
+
+    os.environ["BERTLAB_MEASURED_DIR"] = os.path.join(
+        tempfile.gettempdir(), f"bertlab-tests-{os.getpid()}-measured-nothing"
+    )
+    _share_cores()
+
+
+def _share_cores() -> None:
     """Under pytest-xdist (the README's test command runs two workers) the cores are shared out
     between the workers: two workers of two threads each on two cores would wait on each other
     at every parallel region. The processes a test starts (the command line, servers, torchrun,

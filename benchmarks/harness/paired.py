@@ -61,12 +61,8 @@ def under(policy: cpu.Policy, run: Callable[[], Any]) -> Callable[[], Any]:
     """``run`` with ``policy`` as the process's policy (``cpu.current()``) while it runs."""
 
     def timed() -> Any:
-        chosen = cpu.current()
-        cpu._CURRENT[0] = policy
-        try:
+        with cpu.using(policy):
             return run()
-        finally:
-            cpu._CURRENT[0] = chosen
 
     return timed
 

@@ -540,10 +540,12 @@ def cpu_line(described: dict[str, Any]) -> str:
     wait = described.get("openmp_wait")  # (records from before it was kept have none)
     few = described.get("few_rows")  # (nor the few-rows kernel)
     f32 = described.get("float32_kernel")  # (nor the float32 kernel)
+    measured = str(described.get("float32_kernel_why", "")).startswith("measured here")
     return (
         f"CPU class {described['class']} ({described['model']}, oneDNN "
         f"{described['onednn_isa'] or 'n/a'}{limits}): {int8}; {bf16}; compiled: {compiled}"
         + (f"; float32 products on {f32}" if f32 else "")
+        + (" (measured on this machine: bertlab bench kernels --save)" if measured else "")
         + (f"; float32 products of few rows on {few}" if few and f32 in (None, "onednn") else "")
         + (f"; OpenMP wait: {wait}" if wait else "")
     )

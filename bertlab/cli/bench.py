@@ -6,6 +6,7 @@ bertlab bench tokenizer                batch tokenization throughput
 bertlab bench int8                     int8 dynamic quantisation: speed and accuracy cost
 bertlab bench memory                   what gradient checkpointing saves in a training step
 bertlab bench runtimes                 bertlab against ONNX Runtime, OpenVINO and transformers
+bertlab bench kernels [--save]         the fastest float32 kernel on this CPU (kept with --save)
 bertlab bench pretrain                 one pre-training run on each side
 bertlab bench finetune TASK            one fine-tuning run on each side, same time budget
 bertlab bench precision TASK           a fine-tuned model's dev figures in float32, bf16, int8
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -43,6 +45,7 @@ SUBCOMMANDS = (
     "int8",
     "memory",
     "runtimes",
+    "kernels",
     "pretrain",
     "finetune",
     "precision",
@@ -247,6 +250,37 @@ def cmd_bench_runtimes(args: argparse.Namespace) -> int:
     for name, why in report["unavailable"].items():
         print(f"{name}: not run: {why}")
     return _finish(args, report, lambda path: plot(report, path))
+
+
+def cmd_bench_kernels(args: argparse.Namespace) -> int:
+    from bertlab.bench.kernels import WORKLOADS, bench_kernels, save, table
+
+    report = bench_kernels(
+        args.model,
+        args.data,
+        workloads=tuple(_csv(args.workloads)) if args.workloads else WORKLOADS,
+        repeats=args.repeats,
+        threads=args.threads,
+        progress=lambda line: print(line, file=sys.stderr, flush=True),
+    )
+    m = report["machine"]
+    print(f"{m['cpu']} (class {report['cpu']['class']}), {report['threads']} threads; "
+          f"{report['texts']}")  # fmt: skip
+    print("real tokens/s of the float32 model on each kernel, and the class's kernel's time over")
+    print("this one's, round by round (median)")
+    print(table(report))
+    for kernel, why in report["left_out"].items():
+        print(f"{kernel}: not run: {why}")
+    print(f"choice: {report['choice']} ({report['why']})")
+    if args.save:
+        path = save(report)
+        print(f"saved: {path}: bertlab's float32 products on this CPU now run on "
+              f"{report['choice']} (BERTLAB_FLOAT32_KERNEL still forces a kernel; delete the "
+              "file to return to the class's choice)")  # fmt: skip
+    forced = os.environ.get("BERTLAB_FLOAT32_KERNEL", "").strip().lower()
+    if forced not in ("", "auto"):
+        print(f"BERTLAB_FLOAT32_KERNEL={forced} is set: it forces its kernel over any choice")
+    return _finish(args, report, None)
 
 
 def _finish(args: argparse.Namespace, report: dict, draw: Callable[[str], None] | None) -> int:
@@ -542,6 +576,31 @@ def add_bench_parsers(sub: argparse._SubParsersAction) -> None:
     )
     common(rt)
     rt.set_defaults(func=cmd_bench_runtimes)
+
+    kern = what.add_parser(
+        "kernels",
+        help="the fastest float32 kernel for the model on this CPU; --save keeps it",
+        description="The float32 model (sentence embeddings) timed on each kernel this CPU can "
+        "run (bertlab's own sgemm-avx512 and sgemm-avx2, oneDNN's), in alternating rounds, "
+        "paired with the kernel of the CPU's class. Another kernel is chosen only where it is "
+        "at least 1.05x as fast over the workloads together and no slower than 0.97x on one. "
+        "--save keeps the choice for this CPU: every later bertlab process on it runs its "
+        "float32 products there (BERTLAB_FLOAT32_KERNEL still forces a kernel).",
+    )
+    kern.add_argument("--model", default=BUNDLED_NAMES[0], help="a model folder")
+    kern.add_argument(
+        "--data",
+        metavar="DIR",
+        help="a data folder holding conll2003/train.txt (default: the bundled SST-2 sample)",
+    )
+    kern.add_argument("--workloads", help="comma-separated: batch-1, sorted (default: both)")
+    kern.add_argument("--threads", type=int, help="threads (default: torch's)")
+    kern.add_argument("--repeats", type=int, default=5, help="timed rounds")
+    kern.add_argument(
+        "--save", action="store_true", help="keep the choice for this CPU (bertlab.nn.cpu)"
+    )
+    common(kern, plot=False)
+    kern.set_defaults(func=cmd_bench_kernels)
 
     pre = what.add_parser("pretrain", help="one pre-training run on each side")
     pre.add_argument("--corpus", required=True, help="prepared corpus to train on")

@@ -43,8 +43,12 @@ instruction; what was measured where, natively or on a simulation: docs/performa
   Everywhere else oneDNN's: Intel's AVX-512 and AMX CPUs, and Zen 5, have full-width units for
   oneDNN's wider kernels, and Intel's AVX2 CPUs were not measured with it. The kernel is
   compiled at its first product; where it cannot be (no C compiler), products.py warns once
-  and the products stay on oneDNN. ``BERTLAB_FLOAT32_KERNEL`` (``auto``, ``sgemm-avx512``,
-  ``sgemm-avx2`` or ``onednn``) forces one; one that cannot run here is refused by name.
+  and the products stay on oneDNN. ``bertlab bench kernels --save`` measures, on the machine
+  itself, the whole model on each kernel the CPU runs, and keeps the fastest for this CPU in a
+  file (``measured_path``): where that file is, its kernel comes before the class's (the
+  classes no project machine belongs to were chosen without a measurement).
+  ``BERTLAB_FLOAT32_KERNEL`` (``auto``, ``sgemm-avx512``, ``sgemm-avx2`` or ``onednn``) forces
+  one over both; one that cannot run here is refused by name.
 * **few rows** (``Policy.few_rows``): a float32 product of at most products.FEW_ROWS rows (one
   short sentence, a handful of them) reads its whole weight for little arithmetic, and MKL's
   packed product does that faster than oneDNN's on Intel CPUs (docs/performance.md). There,
@@ -107,8 +111,12 @@ MKL_ENABLE_INSTRUCTIONS=AVX2``), as tests/test_cpu.py does.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import os
 import platform
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -596,7 +604,7 @@ def policy(f: Features, environ: dict[str, str] | os._Environ | None = None) -> 
     compiled = frozenset(COMPILED.get(cls, ())) - set(not_compiled)
     few_rows, few_rows_why = _few_rows(f, products, environ.get("BERTLAB_FEW_ROWS", ""))
     sgemm_kernel, sgemm_why = _float32_kernel(
-        f, cls, products, environ.get("BERTLAB_FLOAT32_KERNEL", "")
+        f, cls, products, environ.get("BERTLAB_FLOAT32_KERNEL", ""), measured_path(f, environ)
     )
     return Policy(
         cpu_class=cls,
@@ -655,22 +663,32 @@ def _few_rows(f: Features, products: dict[torch.dtype, str], forced: str) -> tup
 FLOAT32_KERNELS = ("sgemm-avx512", "sgemm-avx2", "onednn")
 # bertlab's own (avx2.py, sgemm_avx2.c): the same kernel, its blocks in AVX-512F or in AVX2
 OWN_FLOAT32 = ("sgemm-avx512", "sgemm-avx2")
+# the instruction sets each of those needs, by (ours, a reader's) name
+FLOAT32_NEEDS = {
+    "sgemm-avx2": (frozenset({"avx2", "fma3"}), "AVX2 and FMA"),
+    "sgemm-avx512": (frozenset({"avx2", "fma3", "avx512_f"}), "AVX2, FMA and AVX-512F"),
+}
 
 
 def _float32_kernel(
-    f: Features, cls: str, products: dict[torch.dtype, str], forced: str
+    f: Features,
+    cls: str,
+    products: dict[torch.dtype, str],
+    forced: str,
+    measured: Path | None = None,
 ) -> tuple[str | None, str]:
     """(kernel, why) of float32 products on the oneDNN route (module docstring); a forced kernel
-    that cannot run on this CPU is refused (ValueError), naming what is missing. Whether the
-    sgemm-avx2 kernel builds in this process is found at its first product (avx2.load)."""
+    that cannot run on this CPU is refused (ValueError), naming what is missing. Else the choice
+    ``bertlab bench kernels --save`` measured on this CPU, kept in the file ``measured``, where
+    there is one (``read_measured``), else the class's. Whether bertlab's kernel builds in this
+    process is found at its first product (avx2.load)."""
     forced = forced.strip().lower()
     if forced not in ("", "auto", *FLOAT32_KERNELS):
         raise ValueError(
             f"BERTLAB_FLOAT32_KERNEL={forced} is not a kernel; choose auto, "
             f"{', '.join(FLOAT32_KERNELS[:-1])} or onednn"
         )
-    needs = {"sgemm-avx2": ({"avx2", "fma3"}, "AVX2 and FMA"),
-             "sgemm-avx512": ({"avx2", "fma3", "avx512_f"}, "AVX2, FMA and AVX-512F")}  # fmt: skip
+    needs = FLOAT32_NEEDS
     if forced in needs and not (f.x86 and needs[forced][0] <= f.flags):
         raise ValueError(
             f"BERTLAB_FLOAT32_KERNEL={forced}: the kernel needs "
@@ -685,6 +703,18 @@ def _float32_kernel(
         return None, "float32 products take PyTorch's own kernels here"
     if forced in FLOAT32_KERNELS:
         return forced, f"forced by BERTLAB_FLOAT32_KERNEL={forced}"
+    kernel, why = class_float32_kernel(f, cls)
+    if measured is None:
+        return kernel, why
+    chosen, said = read_measured(measured, f)
+    if chosen is None:  # (no file, or one that does not hold here: the class's, saying why)
+        return kernel, why if said is None else f"{why} ({said})"
+    return chosen, said
+
+
+def class_float32_kernel(f: Features, cls: str) -> tuple[str, str]:
+    """(kernel, why): the class's float32 kernel, where float32 products take the oneDNN route
+    and nothing was forced or measured (module docstring)."""
     if half_width_avx512(f):
         return "sgemm-avx512", (
             "bertlab's kernel in AVX-512F: this CPU (AMD family 25, Zen 4) runs AVX-512 on "
@@ -711,6 +741,69 @@ def half_width_avx512(f: Features) -> bool:
     512-bit instruction as two 256-bit halves: an AVX2 kernel does as many multiplications a
     cycle. Zen 5 (family 26) has full 512-bit units."""
     return f.vendor == "AuthenticAMD" and f.family == 25 and "avx512_f" in f.flags
+
+
+# ============================================================================ measured choices
+# ``bertlab bench kernels --save`` times the whole model on each float32 kernel this CPU runs and
+# keeps its choice in a file for this CPU (model, vendor, family, instruction sets, limits) and
+# this PyTorch, in BERTLAB_MEASURED_DIR or else the user's cache folder. The policy reads it at
+# the process's first product: measured once, on the machine itself, where the class's choice
+# was made on other machines or on none (Intel's AVX2 and AVX-512 CPUs, Zen 5).
+MEASURED_DIR = "BERTLAB_MEASURED_DIR"
+
+
+def measured_dir(environ: dict[str, str] | os._Environ | None = None) -> Path:
+    """Where measured choices are kept: $BERTLAB_MEASURED_DIR, else ~/.cache/bertlab/measured
+    ($XDG_CACHE_HOME in place of ~/.cache where it is set)."""
+    environ = os.environ if environ is None else environ
+    if folder := environ.get(MEASURED_DIR, "").strip():
+        return Path(folder).expanduser()
+    base = environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base).expanduser() / "bertlab" / "measured"
+
+
+def machine_key(f: Features) -> str:
+    """What a measured choice holds for: this CPU, as the libraries see it, and this PyTorch."""
+    what = [f.arch, f.model, f.vendor, f.family, sorted(f.flags), list(f.limits),
+            torch.__version__]  # fmt: skip
+    return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:16]
+
+
+def measured_path(f: Features, environ: dict[str, str] | os._Environ | None = None) -> Path:
+    """The file of this CPU's measured float32 kernel (which may not exist)."""
+    return measured_dir(environ) / f"float32-kernel-{machine_key(f)}.json"
+
+
+def read_measured(path: Path, f: Features) -> tuple[str | None, str | None]:
+    """(kernel, why) from a measured choice's file; (None, None) where there is none, and
+    (None, why it was passed over) where it cannot be read, was measured on another CPU or
+    names a kernel that cannot run here: the class's choice then holds."""
+    try:
+        record = json.loads(path.read_text("utf-8"))
+    except FileNotFoundError:
+        return None, None
+    except (OSError, ValueError) as e:
+        return None, f"{path} was passed over: it could not be read ({e})"
+    kernel = record.get("float32_kernel") if isinstance(record, dict) else None
+    if not isinstance(record, dict) or record.get("key") != machine_key(f):
+        return None, f"{path} was passed over: it was not measured on this CPU with this PyTorch"
+    if kernel not in FLOAT32_KERNELS or not FLOAT32_NEEDS.get(kernel, (set(),))[0] <= f.flags:
+        return None, f"{path} was passed over: its kernel {kernel!r} cannot run here"
+    return kernel, (
+        f"measured here ({record.get('date', 'undated')}, bertlab bench kernels --save: "
+        f"{record.get('why', 'no reason kept')}; {path})"
+    )
+
+
+@contextlib.contextmanager
+def using(chosen: Policy) -> Iterator[Policy]:
+    """Within it, ``current()`` is ``chosen`` (the same policy with another kernel, to time it)."""
+    before = current()
+    _CURRENT[0] = chosen
+    try:
+        yield chosen
+    finally:
+        _CURRENT[0] = before
 
 
 def inductor_options() -> dict[str, object]:
