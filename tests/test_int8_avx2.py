@@ -204,7 +204,8 @@ def on_u8(monkeypatch, fallback="fbgemm-u8", forced=False, kernel="u8-avx2"):
     )
     monkeypatch.setattr(cpu, "_CURRENT", [policy])
     monkeypatch.setattr(precision, "_KERNEL", [])
-    precision._PACKED.clear()
+    for table in precision._PACKED.values():
+        table.clear()
 
 
 def spy(monkeypatch):

@@ -1,27 +1,29 @@
-"""``bertlab bench kernels``: which float32 kernel runs the model fastest on this CPU, measured
-here, and (``--save``) kept as this CPU's choice.
+"""``bertlab bench kernels``: which kernel runs the model fastest on this CPU, in float32 and in
+int8, measured here, and (``--save``) kept as this CPU's choice.
 
-bertlab's policy (bertlab.nn.cpu) picks the kernel of float32 products from the CPU's class:
-bertlab's own (``sgemm-avx512``, ``sgemm-avx2``) where it was measured faster than oneDNN's,
-oneDNN's elsewhere, including the classes no project machine belongs to (Intel's AVX2 and
-AVX-512 CPUs, Zen 5). This command times the whole model on each kernel the CPU can run, on the
+bertlab's policy (bertlab.nn.cpu) picks the kernel of float32 and of int8 products from the
+CPU's class: bertlab's own (``sgemm-avx512``, ``sgemm-avx2``; ``u8-vnni``, ``u8-avx2``) where
+they were measured faster, oneDNN's, fbgemm's or PyTorch's elsewhere, including on the classes
+no project machine belongs to (Intel's AVX2 and AVX-512 CPUs, Zen 5), chosen there without a
+measurement. This command times the whole model on each kernel the CPU can run, on the
 workloads and runner of ``bertlab bench runtimes`` (sentence embeddings of the bundled SST-2
 sample, or CoNLL-2003 news from ``--data``; one sentence at a time, and sorted batches of 32),
-in alternating rounds, each paired round by round with the class's kernel. A kernel other than
-the class's is chosen only where it is at least MARGIN faster, the geometric mean of its paired
-medians over the workloads, and no workload slower than FLOOR: on a machine whose speed drifts,
-a close call keeps the class's choice.
+in alternating rounds, each paired round by round with the class's kernel. int8 kernels compete
+only with those that round the activations to as many levels as the class's (8 or 7 bits):
+the same numbers up to float rounding, so the choice changes speed only, as between the float32
+kernels (about 1e-6 relative). A kernel other than the class's is chosen only where it is at
+least MARGIN faster, the geometric mean of its paired medians over the workloads, no workload
+slower than FLOOR, and faster in at least WINS of each workload's rounds: on a machine whose
+speed drifts, a close call keeps the class's. A choice is saved from SAVE_ROUNDS rounds up.
 
-Saved (``save``), the choice goes to ``cpu.measured_path()``: a file for this CPU as the
+Saved (``save``), the choices go to ``cpu.measured_path()``: a file for this CPU as the
 libraries see it and this PyTorch, which the policy of every later bertlab process on this
-CPU reads (``BERTLAB_FLOAT32_KERNEL`` still forces a kernel over it; deleting the file returns
-to the class's choice). The kernels give the same results up to float32 rounding (about 1e-6
-relative), so the choice changes speed only.
+CPU reads (``BERTLAB_FLOAT32_KERNEL`` and ``BERTLAB_INT8_KERNEL`` still force a kernel over
+it; deleting the file returns to the class's choices).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -36,59 +38,79 @@ from bertlab.bench.runtimes import batches, bertlab_runner, runtime_texts
 from bertlab.bench.speed import alternate, machine
 
 WORKLOADS = ("batch-1", "sorted")
-MARGIN = 1.05  # a kernel other than the class's must be this much faster (geometric mean)
-FLOOR = 0.97  # and no workload may be slower than this
+PRECISIONS = ("float32", "int8")
+MARGIN = 1.05  # a kernel other than the class's must be this much faster (geometric mean),
+FLOOR = 0.97  # no workload slower than this,
+WINS = 0.75  # and faster than it in this share of the rounds of every workload
+SAVE_ROUNDS = 5  # the fewest rounds whose choice is saved
+FORCE = {"float32": "BERTLAB_FLOAT32_KERNEL", "int8": "BERTLAB_INT8_KERNEL"}
 
 
-def why_not(kernel: str) -> str | None:
-    """Why ``kernel`` cannot run float32 products in this process, or None."""
+def candidates(precision: str) -> tuple[str | None, dict[str, Any], dict[str, str]]:
+    """(the class's kernel, the policy with each other kernel this CPU runs in ``precision``
+    forced, by kernel, and why each remaining kernel is left out). The class's kernel is None
+    where that precision has no kernel to choose here (the reason under its own name)."""
     from bertlab.nn import avx2, cpu
 
     f = cpu.features()
-    if kernel == "onednn":
-        return None
-    flags, name = cpu.FLOAT32_NEEDS[kernel]
-    if not flags <= f.flags:
-        return f"needs {name}, which this CPU does not have"
-    return None if (why := avx2.load()) is None else f"cannot be built here: {why}"
+    environ = {k: v for k, v in os.environ.items() if k not in FORCE.values()}
+    own = cpu.policy(f, environ, measured=False)  # the class's own choices
+    default = own.float32_kernel if precision == "float32" else own.int8_kernel
+    if default is None:
+        why = own.float32_kernel_why if precision == "float32" else own.int8_why
+        return None, {}, {precision: str(why)}
+    names = cpu.FLOAT32_KERNELS if precision == "float32" else cpu.INT8_KERNELS
+    runs, left_out = {}, {}
+    for kernel in names:
+        try:
+            forced = cpu.policy(f, {**environ, FORCE[precision]: kernel}, measured=False)
+        except ValueError as e:  # (a float32 kernel this CPU lacks, refused by name)
+            left_out[kernel] = str(e).split(": ", 1)[-1]
+            continue
+        if precision == "int8" and forced.int8_kernel is None:
+            left_out[kernel] = str(forced.int8_why).split(": ", 1)[-1]
+        elif precision == "int8" and forced.int8_levels != own.int8_levels:
+            left_out[kernel] = (
+                f"rounds the activations to {forced.int8_levels} levels, the class's "
+                f"{default} to {own.int8_levels}: other numbers, not only another speed"
+            )
+        elif kernel in (*cpu.OWN_FLOAT32, *cpu.OWN_INT8) and (why := avx2.load()) is not None:
+            left_out[kernel] = f"cannot be built here: {why}"
+        else:
+            runs[kernel] = forced
+    return default, runs, left_out
 
 
 def bench_kernels(
     model_dir: str | os.PathLike = "default",
     data_dir: str | os.PathLike | None = None,
+    precisions: tuple[str, ...] = PRECISIONS,
     workloads: tuple[str, ...] = WORKLOADS,
     repeats: int = 5,
     threads: int | None = None,
     texts: list[str] | None = None,
     progress: Callable[[str], None] = lambda _: None,
 ) -> dict[str, Any]:
-    """Every float32 kernel this CPU runs, the whole model timed on each workload; the paired
-    ratios to the class's kernel and the choice (``choose``). ``texts`` replaces the sentences
-    (tests use a few)."""
+    """Every kernel this CPU runs in each precision, the whole model timed on each workload;
+    the paired ratios to the class's kernel and the choice (``choose``). ``texts`` replaces
+    the sentences (tests use a few)."""
     from bertlab.files import resolve_model_dir
     from bertlab.nn import cpu
     from bertlab.tokenizer import BertTokenizer
 
-    bad = [w for w in workloads if w not in WORKLOADS]
-    if bad or not workloads:
-        raise ValueError(
-            f"unknown workload {bad[0] if bad else '(none)'!r}; choose from {', '.join(WORKLOADS)}"
-        )
+    for name, given, known in (("workload", workloads, WORKLOADS),
+                               ("precision", precisions, PRECISIONS)):  # fmt: skip
+        bad = [x for x in given if x not in known]
+        if bad or not given:
+            raise ValueError(
+                f"unknown {name} {bad[0] if bad else '(none)'!r}; choose from {', '.join(known)}"
+            )
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
-    policy = cpu.current()
-    if policy.float32_kernel is None:
-        raise ValueError(
-            f"there is no float32 kernel to choose on this CPU: {policy.float32_kernel_why}"
-        )
-    f = policy.features
-    default, _ = cpu.class_float32_kernel(f, policy.cpu_class)
-    kernels, left_out = [], {}
-    for kernel in cpu.FLOAT32_KERNELS:
-        if (why := why_not(kernel)) is None:
-            kernels.append(kernel)
-        else:
-            left_out[kernel] = why
+    found = {p: candidates(p) for p in precisions}
+    if all(default is None for default, _, _ in found.values()):
+        reasons = "; ".join(next(iter(why.values())) for _, _, why in found.values())
+        raise ValueError(f"there is no kernel to choose on this CPU: {reasons}")
     model_dir = resolve_model_dir(model_dir)
     threads = threads or torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -96,112 +118,136 @@ def bench_kernels(
     if texts is None:
         texts, origin = runtime_texts(data_dir)
     tokenizer = BertTokenizer.from_pretrained(model_dir)
-    run = bertlab_runner(model_dir, "fp32")
+    f = cpu.features()
     report: dict[str, Any] = {
         "benchmark": "kernels",
         "machine": machine(),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "cpu": policy.describe(),
+        "cpu": cpu.current().describe(),
         "key": cpu.machine_key(f),
         "torch": torch.__version__,
         "model": str(model_dir),
         "texts": origin,
         "threads": threads,
         "repeats": repeats,
-        "class_kernel": default,
-        "kernels": kernels,
-        "left_out": left_out,
-        "workloads": {},
+        "precisions": {},
     }
-    on = {k: dataclasses.replace(policy, float32_kernel=k) for k in kernels}
-    for workload in workloads:
-        progress(f"{workload}: timing {len(kernels)} kernels")
-        data = batches(tokenizer, texts, workload)
-        tokens = int(sum(b["attention_mask"].sum() for b in data))
+    data = {w: batches(tokenizer, texts, w) for w in workloads}
+    for precision, (default, policies, left_out) in found.items():
+        entry: dict[str, Any] = {"class_kernel": default, "kernels": list(policies),
+                                 "left_out": left_out, "workloads": {}}  # fmt: skip
+        report["precisions"][precision] = entry
+        if default is None:
+            continue
+        progress(f"{precision}: loading the model")
+        # one model for every kernel (int8: quantized and calibrated on the class's kernel; the
+        # kernels compared round to the same levels), its weights packed for each kernel at its
+        # first run and kept (products.py, precision.py)
+        run = bertlab_runner(model_dir, precision.replace("float", "fp"))
+        for workload, batch in data.items():
+            progress(f"{precision}, {workload}: timing {len(policies)} kernels")
 
-        def timed(kernel: str, data: list = data) -> None:
-            with cpu.using(on[kernel]), torch.inference_mode():
-                for b in data:
-                    run(b)
+            def timed(run: Callable, policy: Any, batch: list = batch) -> None:
+                with cpu.using(policy):
+                    for b in batch:
+                        run(b)
 
-        times = alternate({k: (lambda k=k: timed(k)) for k in kernels}, repeats)
-        report["workloads"][workload] = {
-            "real_tokens": tokens,
-            "kernels": {
-                k: {
-                    "tokens_per_s": tokens / statistics.median(times[k]),
-                    # the class's kernel's time over this one's, round by round (> 1: faster)
-                    "paired": statistics.median(
-                        d / t for d, t in zip(times[default], times[k], strict=True)
-                    ),
-                    "round_seconds": times[k],
-                }
-                for k in kernels
-            },
-        }
-    report["choice"], report["why"] = choose(report)
+            runs = {k: (lambda p=p, r=run: timed(r, p)) for k, p in policies.items()}
+            times = alternate(runs, repeats)
+            tokens = int(sum(b["attention_mask"].sum() for b in batch))
+            entry["workloads"][workload] = {
+                "real_tokens": tokens,
+                "kernels": {
+                    k: {
+                        "tokens_per_s": tokens / statistics.median(times[k]),
+                        # the class's kernel's time over this one's, round by round (> 1: faster)
+                        "paired": statistics.median(
+                            d / t for d, t in zip(times[default], times[k], strict=True)
+                        ),
+                        # the share of rounds in which it was faster than the class's kernel
+                        "wins": statistics.fmean(
+                            t < d for d, t in zip(times[default], times[k], strict=True)
+                        ),
+                        "round_seconds": times[k],
+                    }
+                    for k in policies
+                },
+            }
+        entry["choice"], entry["why"] = choose(entry)
     return report
 
 
-def choose(report: dict[str, Any]) -> tuple[str, str]:
-    """(kernel, why) from a report's paired ratios: the class's kernel, unless another is at
-    least MARGIN faster in the geometric mean over the workloads and no slower than FLOOR on
-    any (module docstring)."""
-    default, best, score = report["class_kernel"], None, MARGIN
-    for kernel in report["kernels"]:
-        ratios = [w["kernels"][kernel]["paired"] for w in report["workloads"].values()]
+def choose(entry: dict[str, Any]) -> tuple[str, str]:
+    """(kernel, why) from one precision's paired ratios: the class's kernel, unless another is
+    at least MARGIN faster in the geometric mean over the workloads and no slower than FLOOR
+    on any (module docstring)."""
+    default, best, score = entry["class_kernel"], None, MARGIN
+    for kernel in entry["kernels"]:
+        rows = [w["kernels"][kernel] for w in entry["workloads"].values()]
+        ratios = [row["paired"] for row in rows]
         mean = math.exp(statistics.fmean(math.log(r) for r in ratios))
-        if kernel != default and mean >= score and min(ratios) >= FLOOR:
+        steady = all(row["wins"] >= WINS for row in rows)
+        if kernel != default and mean >= score and min(ratios) >= FLOOR and steady:
             best, score = kernel, mean
     if best is None:
         return default, (
-            f"the class's kernel: no other was {MARGIN:.2f}x as fast on every workload together "
-            f"without being slower than {FLOOR:.2f}x on one"
+            f"the class's kernel: no other was {MARGIN:.2f}x as fast over the workloads, no "
+            f"slower than {FLOOR:.2f}x on one and faster in {WINS:.0%} of each one's rounds"
         )
     return best, f"{score:.2f}x the class's kernel ({default}), geometric mean over the workloads"
 
 
 def save(report: dict[str, Any]) -> str:
-    """Write the report's choice where the policy of later processes on this CPU reads it
+    """Write the report's choices where the policy of later processes on this CPU reads them
     (``cpu.measured_path``), whole or not at all; returns the path."""
     from bertlab.nn import cpu
 
+    if report["repeats"] < SAVE_ROUNDS:
+        raise ValueError(
+            f"--save needs at least {SAVE_ROUNDS} rounds, got {report['repeats']}: fewer leave "
+            "the choice to the machine's drift"
+        )
     f = cpu.features()
     if report["key"] != cpu.machine_key(f):
         raise ValueError("the report was measured on another CPU or PyTorch; it is not saved")
     path = cpu.measured_path(f)
     path.parent.mkdir(parents=True, exist_ok=True)
-    record = {
+    record: dict[str, Any] = {
         "key": report["key"],
-        "float32_kernel": report["choice"],
-        "why": report["why"],
-        "class_kernel": report["class_kernel"],
         "date": report["date"],
         "cpu": {k: report["cpu"][k] for k in ("model", "arch", "flags", "limits", "class")},
         "torch": report["torch"],
         "threads": report["threads"],
-        "measured": {
-            w: {k: round(v["paired"], 4) for k, v in r["kernels"].items()}
-            for w, r in report["workloads"].items()
-        },
     }
+    for precision, entry in report["precisions"].items():
+        if "choice" not in entry:
+            continue
+        record[precision] = {
+            "kernel": entry["choice"],
+            "why": entry["why"],
+            "class_kernel": entry["class_kernel"],
+            "paired": {
+                w: {k: round(v["paired"], 4) for k, v in r["kernels"].items()}
+                for w, r in entry["workloads"].items()
+            },
+        }
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(record, indent=1) + "\n", "utf-8")
     os.replace(tmp, path)
     return str(path)
 
 
-def table(report: dict[str, Any]) -> str:
-    """The report as a Markdown table: each kernel's real tokens/s per workload, and its paired
-    ratio to the class's kernel."""
-    names = list(report["workloads"])
+def table(entry: dict[str, Any]) -> str:
+    """One precision of a report as a Markdown table: each kernel's real tokens/s per workload,
+    and its paired ratio to the class's kernel."""
+    names = list(entry["workloads"])
     head = "| kernel | " + " | ".join(f"{w}: tokens/s (vs the class's)" for w in names) + " |"
     lines = [head, "| --- |" + " --- |" * len(names)]
-    for kernel in report["kernels"]:
+    for kernel in entry["kernels"]:
         cells = []
         for w in names:
-            row = report["workloads"][w]["kernels"][kernel]
+            row = entry["workloads"][w]["kernels"][kernel]
             cells.append(f"{row['tokens_per_s']:,.0f} ({row['paired']:.2f}x)")
-        label = f"{kernel} (the class's)" if kernel == report["class_kernel"] else kernel
+        label = f"{kernel} (the class's)" if kernel == entry["class_kernel"] else kernel
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

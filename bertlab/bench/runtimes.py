@@ -521,10 +521,12 @@ def cpu_line(described: dict[str, Any]) -> str:
     limits = f", limited by {' '.join(described['limits'])}" if described["limits"] else ""
     kernel = described["int8_kernel"]
     prepacked = described.get("int8_prepacked")  # (records from before it was kept have none)
+    here = " (measured on this machine: bertlab bench kernels --save)"
     int8 = (
         f"int8 on {kernel} ({described['int8_activation_bits']}-bit activations"
         + (", prepacked above few rows" if prepacked else "")
         + ")"
+        + (here if str(described.get("int8_kernel_why", "")).startswith("measured here") else "")
         if kernel
         else f"no int8 ({described['int8_why']})"
     )
@@ -545,7 +547,7 @@ def cpu_line(described: dict[str, Any]) -> str:
         f"CPU class {described['class']} ({described['model']}, oneDNN "
         f"{described['onednn_isa'] or 'n/a'}{limits}): {int8}; {bf16}; compiled: {compiled}"
         + (f"; float32 products on {f32}" if f32 else "")
-        + (" (measured on this machine: bertlab bench kernels --save)" if measured else "")
+        + (here if measured else "")
         + (f"; float32 products of few rows on {few}" if few and f32 in (None, "onednn") else "")
         + (f"; OpenMP wait: {wait}" if wait else "")
     )

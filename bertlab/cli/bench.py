@@ -6,7 +6,7 @@ bertlab bench tokenizer                batch tokenization throughput
 bertlab bench int8                     int8 dynamic quantisation: speed and accuracy cost
 bertlab bench memory                   what gradient checkpointing saves in a training step
 bertlab bench runtimes                 bertlab against ONNX Runtime, OpenVINO and transformers
-bertlab bench kernels [--save]         the fastest float32 kernel on this CPU (kept with --save)
+bertlab bench kernels [--save]         the fastest kernels on this CPU (kept with --save)
 bertlab bench pretrain                 one pre-training run on each side
 bertlab bench finetune TASK            one fine-tuning run on each side, same time budget
 bertlab bench precision TASK           a fine-tuned model's dev figures in float32, bf16, int8
@@ -253,11 +253,25 @@ def cmd_bench_runtimes(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_kernels(args: argparse.Namespace) -> int:
-    from bertlab.bench.kernels import WORKLOADS, bench_kernels, save, table
+    from bertlab.bench.kernels import (
+        FORCE,
+        PRECISIONS,
+        SAVE_ROUNDS,
+        WORKLOADS,
+        bench_kernels,
+        save,
+        table,
+    )
 
+    if args.save and args.repeats < SAVE_ROUNDS:
+        raise ValueError(
+            f"--save needs at least {SAVE_ROUNDS} rounds (--repeats), got {args.repeats}: fewer "
+            "leave the choice to the machine's drift"
+        )
     report = bench_kernels(
         args.model,
         args.data,
+        precisions=tuple(_csv(args.precisions)) if args.precisions else PRECISIONS,
         workloads=tuple(_csv(args.workloads)) if args.workloads else WORKLOADS,
         repeats=args.repeats,
         threads=args.threads,
@@ -266,20 +280,26 @@ def cmd_bench_kernels(args: argparse.Namespace) -> int:
     m = report["machine"]
     print(f"{m['cpu']} (class {report['cpu']['class']}), {report['threads']} threads; "
           f"{report['texts']}")  # fmt: skip
-    print("real tokens/s of the float32 model on each kernel, and the class's kernel's time over")
-    print("this one's, round by round (median)")
-    print(table(report))
-    for kernel, why in report["left_out"].items():
-        print(f"{kernel}: not run: {why}")
-    print(f"choice: {report['choice']} ({report['why']})")
+    for precision, entry in report["precisions"].items():
+        if entry["class_kernel"] is None:
+            print(f"{precision}: nothing to choose: {entry['left_out'][precision]}")
+            continue
+        print(f"{precision}: real tokens/s of the model on each kernel, and the class's kernel's")
+        print("time over this one's, round by round (median)")
+        print(table(entry))
+        for kernel, why in entry["left_out"].items():
+            print(f"{kernel}: not run: {why}")
+        print(f"{precision} choice: {entry['choice']} ({entry['why']})")
     if args.save:
         path = save(report)
-        print(f"saved: {path}: bertlab's float32 products on this CPU now run on "
-              f"{report['choice']} (BERTLAB_FLOAT32_KERNEL still forces a kernel; delete the "
-              "file to return to the class's choice)")  # fmt: skip
-    forced = os.environ.get("BERTLAB_FLOAT32_KERNEL", "").strip().lower()
-    if forced not in ("", "auto"):
-        print(f"BERTLAB_FLOAT32_KERNEL={forced} is set: it forces its kernel over any choice")
+        chosen = ", ".join(f"{p} on {e['choice']}" for p, e in report["precisions"].items()
+                           if "choice" in e)  # fmt: skip
+        print(f"saved: {path}: bertlab's products on this CPU now run {chosen} (delete the "
+              "file to return to the class's choices)")  # fmt: skip
+    for precision, variable in FORCE.items():
+        forced = os.environ.get(variable, "").strip().lower()
+        if forced not in ("", "auto") and precision in report["precisions"]:
+            print(f"{variable}={forced} is set: it forces its kernel over any choice")
     return _finish(args, report, None)
 
 
@@ -579,13 +599,15 @@ def add_bench_parsers(sub: argparse._SubParsersAction) -> None:
 
     kern = what.add_parser(
         "kernels",
-        help="the fastest float32 kernel for the model on this CPU; --save keeps it",
-        description="The float32 model (sentence embeddings) timed on each kernel this CPU can "
-        "run (bertlab's own sgemm-avx512 and sgemm-avx2, oneDNN's), in alternating rounds, "
-        "paired with the kernel of the CPU's class. Another kernel is chosen only where it is "
-        "at least 1.05x as fast over the workloads together and no slower than 0.97x on one. "
-        "--save keeps the choice for this CPU: every later bertlab process on it runs its "
-        "float32 products there (BERTLAB_FLOAT32_KERNEL still forces a kernel).",
+        help="the fastest float32 and int8 kernels for the model on this CPU; --save keeps them",
+        description="The model (sentence embeddings) timed on each kernel this CPU can run, in "
+        "float32 (bertlab's own sgemm-avx512 and sgemm-avx2, oneDNN's) and in int8 (those "
+        "rounding the activations to as many levels as the class's kernel), in alternating "
+        "rounds, paired with the kernel of the CPU's class. Another kernel is chosen only "
+        "where it is at least 1.05x as fast over the workloads together and no slower than "
+        "0.97x on one. --save keeps the choices for this CPU: every later bertlab process on "
+        "it runs its products there (BERTLAB_FLOAT32_KERNEL and BERTLAB_INT8_KERNEL still "
+        "force a kernel).",
     )
     kern.add_argument("--model", default=BUNDLED_NAMES[0], help="a model folder")
     kern.add_argument(
@@ -593,11 +615,12 @@ def add_bench_parsers(sub: argparse._SubParsersAction) -> None:
         metavar="DIR",
         help="a data folder holding conll2003/train.txt (default: the bundled SST-2 sample)",
     )
+    kern.add_argument("--precisions", help="comma-separated: float32, int8 (default: both)")
     kern.add_argument("--workloads", help="comma-separated: batch-1, sorted (default: both)")
     kern.add_argument("--threads", type=int, help="threads (default: torch's)")
     kern.add_argument("--repeats", type=int, default=5, help="timed rounds")
     kern.add_argument(
-        "--save", action="store_true", help="keep the choice for this CPU (bertlab.nn.cpu)"
+        "--save", action="store_true", help="keep the choices for this CPU (bertlab.nn.cpu)"
     )
     common(kern, plot=False)
     kern.set_defaults(func=cmd_bench_kernels)

@@ -86,6 +86,11 @@ instruction; what was measured where, natively or on a simulation: docs/performa
   8). fbgemm has no AVX-VNNI code, oneDNN has: so on avx2-vnni CPUs oneDNN's kernel keeps 8
   bits where fbgemm's would keep 7; on avx2 (but AMD's) and avx512 fbgemm's is chosen.
   Weights are int8 per output channel and activations per token on every kernel.
+  ``bertlab bench kernels --save`` measures the int8 model on each kernel that rounds the
+  activations to as many levels as the class's (the same numbers up to float rounding) and
+  keeps the fastest for this CPU, as for float32 (above); where that file is, its kernel comes
+  before the class's order (``Policy.int8_kernel_why`` says which), with the class's kernel as
+  the fallback of one of bertlab's own.
   ``BERTLAB_INT8_KERNEL`` (``auto`` or a kernel's name) forces one; a kernel this CPU or this
   PyTorch cannot run is refused by name, with the instruction set or operator it lacks, before
   any product runs (never an illegal instruction).
@@ -391,6 +396,7 @@ class Policy:
     features: Features
     int8_kernel: str | None  # one of INT8_KERNELS, or None (int8_why says why)
     int8_why: str | None
+    int8_kernel_why: str  # why this kernel: the class's order, forced, or measured here
     # the kernel taken where int8_kernel (u8-avx2, built at its first product) cannot be built in
     # the process; None where it was forced or nothing else runs here (precision.int8_kernel)
     int8_fallback: str | None
@@ -443,6 +449,7 @@ class Policy:
             "int8_kernel": self.int8_kernel,
             "int8_activation_bits": self.int8_levels.bit_length() + 1 if self.int8_kernel else None,
             "int8_why": self.int8_why,
+            "int8_kernel_why": self.int8_kernel_why,
             "int8_fallback": self.int8_fallback,
             "bf16_native": self.bf16_native,
             "bf16_why": self.bf16_why,
@@ -555,14 +562,21 @@ def int8_levels(kernel: str | None, f: Features) -> int:
     return 63
 
 
-def policy(f: Features, environ: dict[str, str] | os._Environ | None = None) -> Policy:
+def policy(
+    f: Features, environ: dict[str, str] | os._Environ | None = None, measured: bool = True
+) -> Policy:
     """The choices for a feature set (module docstring). ``environ``: where BERTLAB_INT8_KERNEL
-    is read (the process's environment by default)."""
+    and the other settings are read (the process's environment by default). ``measured``: the
+    kernels ``bertlab bench kernels --save`` kept for this CPU come before the class's; False:
+    the class's own choices."""
     environ = os.environ if environ is None else environ
     cls = classify(f)
-    kernel, int8_why, fallback = _int8(
-        f, cls, environ.get("BERTLAB_INT8_KERNEL", "").strip().lower()
-    )
+    forced_int8 = environ.get("BERTLAB_INT8_KERNEL", "").strip().lower()
+    kernel, int8_why, fallback = _int8(f, cls, forced_int8)
+    found = read_measured(measured_path(f, environ), f) if measured else None
+    int8_kernel_why = f"forced by BERTLAB_INT8_KERNEL={forced_int8}" if kernel else ""
+    if kernel is not None and forced_int8 in ("", "auto"):
+        kernel, fallback, int8_kernel_why = _measured_int8(f, cls, kernel, fallback, found)
     levels = int8_levels(kernel, f)
     if f.x86:
         native = f.onednn_bf16 and bool({"avx512_bf16", "amx_bf16"} & f.flags)
@@ -604,13 +618,14 @@ def policy(f: Features, environ: dict[str, str] | os._Environ | None = None) -> 
     compiled = frozenset(COMPILED.get(cls, ())) - set(not_compiled)
     few_rows, few_rows_why = _few_rows(f, products, environ.get("BERTLAB_FEW_ROWS", ""))
     sgemm_kernel, sgemm_why = _float32_kernel(
-        f, cls, products, environ.get("BERTLAB_FLOAT32_KERNEL", ""), measured_path(f, environ)
+        f, cls, products, environ.get("BERTLAB_FLOAT32_KERNEL", ""), found
     )
     return Policy(
         cpu_class=cls,
         features=f,
         int8_kernel=kernel,
         int8_why=int8_why,
+        int8_kernel_why=int8_kernel_why,
         int8_fallback=fallback,
         int8_levels=levels,
         bf16_native=native,
@@ -675,13 +690,13 @@ def _float32_kernel(
     cls: str,
     products: dict[torch.dtype, str],
     forced: str,
-    measured: Path | None = None,
+    measured: Measured | None = None,
 ) -> tuple[str | None, str]:
     """(kernel, why) of float32 products on the oneDNN route (module docstring); a forced kernel
     that cannot run on this CPU is refused (ValueError), naming what is missing. Else the choice
-    ``bertlab bench kernels --save`` measured on this CPU, kept in the file ``measured``, where
-    there is one (``read_measured``), else the class's. Whether bertlab's kernel builds in this
-    process is found at its first product (avx2.load)."""
+    ``bertlab bench kernels --save`` measured on this CPU (``read_measured``), where there is one
+    that holds here, else the class's. Whether bertlab's kernel builds in this process is found
+    at its first product (avx2.load)."""
     forced = forced.strip().lower()
     if forced not in ("", "auto", *FLOAT32_KERNELS):
         raise ValueError(
@@ -704,10 +719,11 @@ def _float32_kernel(
     if forced in FLOAT32_KERNELS:
         return forced, f"forced by BERTLAB_FLOAT32_KERNEL={forced}"
     kernel, why = class_float32_kernel(f, cls)
-    if measured is None:
-        return kernel, why
-    chosen, said = read_measured(measured, f)
-    if chosen is None:  # (no file, or one that does not hold here: the class's, saying why)
+    chosen, said = (None, None) if measured is None else measured.choice("float32")
+    needs = FLOAT32_NEEDS.get(str(chosen), (frozenset(),))[0]
+    if chosen is not None and (chosen not in FLOAT32_KERNELS or not needs <= f.flags):
+        chosen, said = None, measured.passed_over(f"its float32 kernel {chosen!r} cannot run here")
+    if chosen is None:  # (no choice kept, or one that does not hold here)
         return kernel, why if said is None else f"{why} ({said})"
     return chosen, said
 
@@ -744,10 +760,10 @@ def half_width_avx512(f: Features) -> bool:
 
 
 # ============================================================================ measured choices
-# ``bertlab bench kernels --save`` times the whole model on each float32 kernel this CPU runs and
-# keeps its choice in a file for this CPU (model, vendor, family, instruction sets, limits) and
-# this PyTorch, in BERTLAB_MEASURED_DIR or else the user's cache folder. The policy reads it at
-# the process's first product: measured once, on the machine itself, where the class's choice
+# ``bertlab bench kernels --save`` times the whole model on each float32 and int8 kernel this
+# CPU runs and keeps its choices in a file for this CPU (model, vendor, family, instruction
+# sets, limits) and this PyTorch, in BERTLAB_MEASURED_DIR or else the user's cache folder. The
+# policy reads it once a process: measured once, on the machine itself, where the class's choice
 # was made on other machines or on none (Intel's AVX2 and AVX-512 CPUs, Zen 5).
 MEASURED_DIR = "BERTLAB_MEASURED_DIR"
 
@@ -770,28 +786,78 @@ def machine_key(f: Features) -> str:
 
 
 def measured_path(f: Features, environ: dict[str, str] | os._Environ | None = None) -> Path:
-    """The file of this CPU's measured float32 kernel (which may not exist)."""
-    return measured_dir(environ) / f"float32-kernel-{machine_key(f)}.json"
+    """The file of this CPU's measured kernels (which may not exist)."""
+    return measured_dir(environ) / f"kernels-{machine_key(f)}.json"
 
 
-def read_measured(path: Path, f: Features) -> tuple[str | None, str | None]:
-    """(kernel, why) from a measured choice's file; (None, None) where there is none, and
-    (None, why it was passed over) where it cannot be read, was measured on another CPU or
-    names a kernel that cannot run here: the class's choice then holds."""
+@dataclass(frozen=True)
+class Measured:
+    """What ``read_measured`` found: the file's record (None where there is none that holds on
+    this CPU), and why it was passed over (None where it was not)."""
+
+    path: Path
+    record: dict | None
+    why_not: str | None = None
+
+    def passed_over(self, why: str) -> str:
+        return f"{self.path} was passed over: {why}"
+
+    def choice(self, precision: str) -> tuple[str | None, str | None]:
+        """(kernel, why) kept for ``precision`` ("float32", "int8"); (None, why the file was
+        passed over, or None) where none was."""
+        if self.record is None:
+            return None, self.why_not
+        kept = self.record.get(precision)
+        if not isinstance(kept, dict) or not isinstance(kept.get("kernel"), str):
+            return None, None
+        return kept["kernel"], (
+            f"measured here ({self.record.get('date', 'undated')}, bertlab bench kernels --save: "
+            f"{kept.get('why', 'no reason kept')}; {self.path})"
+        )
+
+
+def read_measured(path: Path, f: Features) -> Measured:
+    """The kernels ``bertlab bench kernels --save`` kept for this CPU in ``path``. A file that
+    cannot be read, or was measured on another CPU or PyTorch, is passed over, saying why: the
+    class's choices hold then."""
     try:
         record = json.loads(path.read_text("utf-8"))
     except FileNotFoundError:
-        return None, None
+        return Measured(path, None)
     except (OSError, ValueError) as e:
-        return None, f"{path} was passed over: it could not be read ({e})"
-    kernel = record.get("float32_kernel") if isinstance(record, dict) else None
+        return Measured(path, None, f"{path} was passed over: it could not be read ({e})")
     if not isinstance(record, dict) or record.get("key") != machine_key(f):
-        return None, f"{path} was passed over: it was not measured on this CPU with this PyTorch"
-    if kernel not in FLOAT32_KERNELS or not FLOAT32_NEEDS.get(kernel, (set(),))[0] <= f.flags:
-        return None, f"{path} was passed over: its kernel {kernel!r} cannot run here"
-    return kernel, (
-        f"measured here ({record.get('date', 'undated')}, bertlab bench kernels --save: "
-        f"{record.get('why', 'no reason kept')}; {path})"
+        why = f"{path} was passed over: it was not measured on this CPU with this PyTorch"
+        return Measured(path, None, why)
+    return Measured(path, record)
+
+
+def _measured_int8(
+    f: Features, cls: str, kernel: str, fallback: str | None, measured: Measured | None
+) -> tuple[str, str | None, str]:
+    """(kernel, fallback, why) of int8 products: the class's ``kernel``, or the one measured
+    here where it runs on this CPU and rounds the activations to as many levels (the same
+    numbers up to float rounding, faster). Measured, one of bertlab's own kernels falls back
+    to the class's where it cannot be built in the process."""
+    chosen, said = (None, None) if measured is None else measured.choice("int8")
+    why = "the first of the class's kernels that runs here (bertlab.nn.cpu)"
+    if chosen is None:
+        return kernel, fallback, why if said is None else f"{why} ({said})"
+    problem = (
+        f"its int8 kernel {chosen!r} is not one" if chosen not in INT8_KERNELS
+        else _kernel_why(chosen, f, cls) or (
+            None if int8_levels(chosen, f) == int8_levels(kernel, f) else
+            f"its int8 kernel {chosen} rounds the activations to other levels than {kernel}"
+        )
+    )  # fmt: skip
+    if problem is not None:
+        return kernel, fallback, f"{why} ({measured.passed_over(problem)})"
+    if chosen == kernel:
+        return kernel, fallback, str(said)
+    return (
+        chosen,
+        (kernel if chosen in OWN_INT8 and kernel not in OWN_INT8 else fallback),
+        str(said),
     )
 
 

@@ -264,10 +264,14 @@ def _pack(
     return torch.ops.onednn.qlinear_prepack(int8, None), torch.zeros(out, dtype=torch.long)
 
 
-# first layer of a group -> (the group's layer ids, kernel, stamp, sources, Int8Weight, bias).
-# Weakly keyed, as products.py's packed float weights: nothing here is a buffer or in a state
-# dict, and a layer that is dropped takes its packed weight with it.
-_PACKED: weakref.WeakKeyDictionary[nn.Module, tuple] = weakref.WeakKeyDictionary()
+# kernel -> first layer of a group -> (the group's layer ids, kernel, stamp, sources,
+# Int8Weight, bias): one table a kernel, so a model timed on several kernels in turn (bertlab
+# bench kernels) keeps each kernel's packed weights. Weakly keyed, as products.py's packed float
+# weights: nothing here is a buffer or in a state dict, and a layer that is dropped takes its
+# packed weights with it.
+_PACKED: dict[str, weakref.WeakKeyDictionary[nn.Module, tuple]] = {
+    kernel: weakref.WeakKeyDictionary() for kernel in cpu.INT8_KERNELS
+}
 
 
 def int8_weight(layers: tuple[Int8Linear, ...]) -> tuple[Int8Weight, torch.Tensor | None]:
@@ -286,7 +290,7 @@ def int8_weight(layers: tuple[Int8Linear, ...]) -> tuple[Int8Weight, torch.Tenso
             stamp = _stamp(layers)
         except RuntimeError:  # inference tensors keep no version counter
             pass
-        cached = None if stamp is None else _PACKED.get(first)
+        cached = None if stamp is None else _PACKED[kernel].get(first)
         if cached is not None and cached[:3] == (ids, kernel, stamp):
             return cached[4], cached[5]  # (first: what every product after the first finds)
     policy = cpu.current()
@@ -310,7 +314,7 @@ def int8_weight(layers: tuple[Int8Linear, ...]) -> tuple[Int8Weight, torch.Tenso
     w = Int8Weight(int8.t(), scale, first.unsmooth, packed, kernel, policy.int8_levels)
     if not traced and stamp is not None:
         sources = [m._buffers[name] for m in layers for name in _STAMPED]
-        _PACKED[first] = (ids, kernel, stamp, sources, w, bias)
+        _PACKED[kernel][first] = (ids, kernel, stamp, sources, w, bias)
     return w, bias
 
 
