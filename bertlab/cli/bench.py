@@ -489,6 +489,15 @@ def add_bench_parsers(sub: argparse._SubParsersAction) -> None:
         if plot:
             p.add_argument("--plot", help="write the chart here (PNG)")
 
+    def model_and_news(p: argparse.ArgumentParser) -> None:
+        """The model and sentences of the runtimes' workloads (bench.runtimes)."""
+        p.add_argument("--model", default=BUNDLED_NAMES[0], help="a model folder")
+        p.add_argument(
+            "--data",
+            metavar="DIR",
+            help="a data folder holding conll2003/train.txt (default: the bundled SST-2 sample)",
+        )
+
     def texts(p: argparse.ArgumentParser) -> None:
         p.add_argument(
             "--data",
@@ -567,12 +576,7 @@ def add_bench_parsers(sub: argparse._SubParsersAction) -> None:
         "system's embedding cosine and nearest-neighbour agreement with bertlab float32. "
         "A peer that is not installed is reported by name (pip install 'bertlab[runtimes]').",
     )
-    rt.add_argument("--model", default=BUNDLED_NAMES[0], help="a model folder")
-    rt.add_argument(
-        "--data",
-        metavar="DIR",
-        help="a data folder holding conll2003/train.txt (default: the bundled SST-2 sample)",
-    )
+    model_and_news(rt)
     rt.add_argument("--systems", help="comma-separated (default: all)")
     rt.add_argument(
         "--workloads", help="comma-separated: file-order, sorted, batch-1 (default: all)"
@@ -604,17 +608,13 @@ def add_bench_parsers(sub: argparse._SubParsersAction) -> None:
         "float32 (bertlab's own sgemm-avx512 and sgemm-avx2, oneDNN's) and in int8 (those "
         "rounding the activations to as many levels as the class's kernel), in alternating "
         "rounds, paired with the kernel of the CPU's class. Another kernel is chosen only "
-        "where it is at least 1.05x as fast over the workloads together and no slower than "
-        "0.97x on one. --save keeps the choices for this CPU: every later bertlab process on "
+        "where it is at least 1.05x as fast over the workloads together, no slower than "
+        "0.97x on one and faster in 75% of each one's rounds. --save (at least 5 rounds) "
+        "keeps the choices for this CPU: every later bertlab process on "
         "it runs its products there (BERTLAB_FLOAT32_KERNEL and BERTLAB_INT8_KERNEL still "
         "force a kernel).",
     )
-    kern.add_argument("--model", default=BUNDLED_NAMES[0], help="a model folder")
-    kern.add_argument(
-        "--data",
-        metavar="DIR",
-        help="a data folder holding conll2003/train.txt (default: the bundled SST-2 sample)",
-    )
+    model_and_news(kern)
     kern.add_argument("--precisions", help="comma-separated: float32, int8 (default: both)")
     kern.add_argument("--workloads", help="comma-separated: batch-1, sorted (default: both)")
     kern.add_argument("--threads", type=int, help="threads (default: torch's)")
