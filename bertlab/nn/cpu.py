@@ -102,8 +102,10 @@ instruction; what was measured where, natively or on a simulation: docs/performa
   (float32 on sgemm-avx2, int8 on u8-avx2 or u8-vnni) the program calls the same kernels, as
   operators built beside them (avx2.ops), and its cap is ``COMPILED_TOKENS_AVX2``. Elsewhere
   (int8 on PyTorch's u8 kernels, which a compiled program cannot call; bfloat16 without bfloat16
-  instructions; every precision on classes where it was measured no faster, or not measured)
-  ``Compiled`` calls the model itself, and says why (``Policy.not_compiled``).
+  instructions; every precision on classes where it was measured no faster, or not measured,
+  and a precision whose products run on bertlab's own kernels, forced or measured here, on a
+  class where the program calling them was not measured) ``Compiled`` calls the model itself,
+  and says why (``Policy.not_compiled``).
 
 Limits. The math libraries each take a limit on the instruction sets they use:
 ``ONEDNN_MAX_CPU_ISA`` (oneDNN), ``ATEN_CPU_CAPABILITY`` (PyTorch's own kernels and
@@ -593,22 +595,32 @@ def policy(
         products[torch.bfloat16] = "onednn" if native else "float32"
     elif not native:
         products[torch.bfloat16] = "float32"
+    sgemm_kernel, sgemm_why = _float32_kernel(
+        f, cls, products, environ.get("BERTLAB_FLOAT32_KERNEL", ""), found
+    )
     not_compiled: dict[str, str] = {}
     if not native:
         not_compiled["bfloat16"] = f"bfloat16 products run in float32 here ({bf16_why})"
     if kernel is None:
         not_compiled["int8"] = f"int8 does not run here ({int8_why})"
-    elif kernel in OWN_INT8 and "int8" not in COMPILED_TOKENS_AVX2.get(cls, {}):
-        measured = [c for c, caps in COMPILED_TOKENS_AVX2.items() if "int8" in caps]
-        not_compiled["int8"] = (
-            f"the compiled program calling the {kernel} kernel was measured only on the "
-            f"{', '.join(measured)} class, not on this one ({cls})"
-        )
     elif kernel not in ("onednn-s8", *OWN_INT8):
         not_compiled["int8"] = (
             f"the int8 products run on the {kernel} kernel, which a compiled program cannot "
             "call (it would compute them in float32)"
         )
+    # a program calling bertlab's own kernels (forced or measured here) only where it was
+    # measured with them
+    for precision, own in (("float32", sgemm_kernel), ("int8", kernel)):
+        if (
+            own in (*OWN_FLOAT32, *OWN_INT8)
+            and precision not in not_compiled
+            and precision not in COMPILED_TOKENS_AVX2.get(cls, {})
+        ):
+            measured = [c for c, caps in COMPILED_TOKENS_AVX2.items() if precision in caps]
+            not_compiled[precision] = (
+                f"the compiled program calling the {own} kernel was measured only on the "
+                f"{', '.join(measured)} class, not on this one ({cls})"
+            )
     for precision in ("float32", "bfloat16", "int8"):
         if precision not in COMPILED.get(cls, ()) and precision not in not_compiled:
             not_compiled[precision] = (
@@ -617,9 +629,6 @@ def policy(
             )
     compiled = frozenset(COMPILED.get(cls, ())) - set(not_compiled)
     few_rows, few_rows_why = _few_rows(f, products, environ.get("BERTLAB_FEW_ROWS", ""))
-    sgemm_kernel, sgemm_why = _float32_kernel(
-        f, cls, products, environ.get("BERTLAB_FLOAT32_KERNEL", ""), found
-    )
     return Policy(
         cpu_class=cls,
         features=f,
