@@ -239,3 +239,15 @@ def test_the_command_prints_each_kernel_and_the_choice(capsys):
 def test_bad_arguments_are_refused_before_anything_runs(capsys, args, message):
     assert main(["bench", "kernels", *args]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_folder_for_the_choices_that_cannot_be_written_is_refused_before_timing(
+    tmp_path, monkeypatch, capsys
+):
+    blocked = tmp_path / "a file"
+    blocked.write_text("")
+    monkeypatch.setenv(cpu.MEASURED_DIR, str(blocked / "measured"))
+    assert main(["bench", "kernels", "--save", "--model", str(tmp_path / "no model")]) == 2
+    err = capsys.readouterr().err
+    assert f"--save: the choices cannot be kept in {blocked / 'measured'}" in err
+    assert cpu.MEASURED_DIR in err

@@ -197,6 +197,26 @@ def choose(entry: dict[str, Any]) -> tuple[str, str]:
     return best, f"{score:.2f}x the class's kernel ({default}), geometric mean over the workloads"
 
 
+def writable() -> None:
+    """Refuse, before anything is timed, a folder for the choices that cannot be written
+    (ValueError naming it and the variable that moves it)."""
+    from bertlab.nn import cpu
+
+    folder = cpu.measured_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        ok = os.access(folder, os.W_OK)
+    except OSError as e:
+        ok, why = False, str(e)
+    else:
+        why = "not writable"
+    if not ok:
+        raise ValueError(
+            f"--save: the choices cannot be kept in {folder} ({why}); set "
+            f"{cpu.MEASURED_DIR} to a folder this user can write"
+        )
+
+
 def save(report: dict[str, Any]) -> str:
     """Write the report's choices where the policy of later processes on this CPU reads them
     (``cpu.measured_path``), whole or not at all; returns the path."""

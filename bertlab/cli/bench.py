@@ -261,6 +261,7 @@ def cmd_bench_kernels(args: argparse.Namespace) -> int:
         bench_kernels,
         save,
         table,
+        writable,
     )
 
     if args.save and args.repeats < SAVE_ROUNDS:
@@ -268,6 +269,8 @@ def cmd_bench_kernels(args: argparse.Namespace) -> int:
             f"--save needs at least {SAVE_ROUNDS} rounds (--repeats), got {args.repeats}: fewer "
             "leave the choice to the machine's drift"
         )
+    if args.save:
+        writable()
     report = bench_kernels(
         args.model,
         args.data,
