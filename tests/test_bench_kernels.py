@@ -14,7 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from bertlab.bench.kernels import FLOOR, MARGIN, SAVE_ROUNDS, WINS, bench_kernels, choose, save
+from bertlab.bench.kernels import (
+    DROP,
+    FLOOR,
+    MARGIN,
+    SAVE_ROUNDS,
+    WINS,
+    bench_kernels,
+    choose,
+    save,
+)
 from bertlab.bench.runtimes import cpu_line
 from bertlab.cli.main import main
 from bertlab.nn import cpu
@@ -53,7 +62,12 @@ def entry(class_kernel: str, paired: dict[str, dict[str, float]]) -> dict:
         "class_kernel": class_kernel,
         "kernels": kernels,
         "workloads": {
-            w: {"kernels": {k: {"paired": r, "wins": 1.0 if r > 1 else 0.0} for k, r in by.items()}}
+            w: {
+                "kernels": {
+                    k: {"paired": r, "wins": float(r > 1), "cosine_to_float32": 0.999}
+                    for k, r in by.items()
+                }
+            }
             for w, by in paired.items()
         },
     }
@@ -91,6 +105,13 @@ def test_the_class_kernel_is_kept_unless_another_is_clearly_faster_everywhere():
     assert choose(erratic)[0] == "sgemm-avx2"
     erratic["workloads"]["batch-1"]["kernels"]["sgemm-avx2"]["wins"] = WINS - 0.15
     assert choose(erratic)[0] == "onednn"
+    # faster everywhere, but further from float32's embeddings than the class's: the class's
+    apart = entry("onednn", {"batch-1": {"onednn": 1.0, "sgemm-avx2": 1.2}})
+    kernel = apart["workloads"]["batch-1"]["kernels"]["sgemm-avx2"]
+    kernel["cosine_to_float32"] = 0.999 - DROP + 1e-6
+    assert choose(apart)[0] == "sgemm-avx2"  # (as far as DROP allows)
+    kernel["cosine_to_float32"] = 0.999 - DROP - 1e-4
+    assert choose(apart)[0] == "onednn"
 
 
 def test_a_saved_choice_is_what_the_policy_runs_on_that_cpu_only(tmp_path):
@@ -197,6 +218,10 @@ def test_every_kernel_this_cpu_runs_is_timed_and_the_saved_choices_are_what_runs
         assert set(rows) == set(e["kernels"]) and rows[e["class_kernel"]]["paired"] == 1.0
         assert all(len(r["round_seconds"]) == SAVE_ROUNDS for r in rows.values())
         assert all(r["tokens_per_s"] > 0 and 0 <= r["wins"] <= 1 for r in rows.values())
+        # the float32 kernels give float32's embeddings up to rounding; the int8 ones meet the
+        # int8 quality bar (a mean cosine of at least 0.995)
+        bar = 0.99999 if precision == "float32" else 0.995
+        assert all(r["cosine_to_float32"] > bar for r in rows.values()), rows
         assert saved[precision]["kernel"] == e["choice"] in e["kernels"]
     if own.int8_kernel is not None:  # kernels rounding to other levels compete with nothing
         levels = own.int8_levels

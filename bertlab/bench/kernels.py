@@ -9,12 +9,16 @@ measurement. This command times the whole model on each kernel the CPU can run, 
 workloads and runner of ``bertlab bench runtimes`` (sentence embeddings of the bundled SST-2
 sample, or CoNLL-2003 news from ``--data``; one sentence at a time, and sorted batches of 32),
 in alternating rounds, each paired round by round with the class's kernel. int8 kernels compete
-only with those that round the activations to as many levels as the class's (8 or 7 bits):
-the same numbers up to float rounding, so the choice changes speed only, as between the float32
-kernels (about 1e-6 relative). A kernel other than the class's is chosen only where it is at
+only with those that round the activations to as many levels as the class's (8 or 7 bits),
+whose numbers differ from its only where an activation rounds the other way; the float32
+kernels differ by float rounding (about 1e-6 relative). A kernel other than the class's is
+chosen only where it is at
 least MARGIN faster, the geometric mean of its paired medians over the workloads, no workload
 slower than FLOOR, and faster in at least WINS of each workload's rounds: on a machine whose
-speed drifts, a close call keeps the class's. A choice is saved from SAVE_ROUNDS rounds up.
+speed drifts, a close call keeps the class's. Each kernel's embeddings are compared with the
+float32 model's too (the mean cosine of the texts): one further from them than the class
+kernel's by more than DROP is not chosen.
+A choice is saved from SAVE_ROUNDS rounds up.
 
 Saved (``save``), the choices go to ``cpu.measured_path()``: a file for this CPU as the
 libraries see it and this PyTorch, which the policy of every later bertlab process on this
@@ -32,16 +36,18 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 
-from bertlab.bench.runtimes import batches, bertlab_runner, runtime_texts
+from bertlab.bench.runtimes import batches, bertlab_runner, quality, runtime_texts
 from bertlab.bench.speed import alternate, machine
 
 WORKLOADS = ("batch-1", "sorted")
 PRECISIONS = ("float32", "int8")
 MARGIN = 1.05  # a kernel other than the class's must be this much faster (geometric mean),
 FLOOR = 0.97  # no workload slower than this,
-WINS = 0.75  # and faster than it in this share of the rounds of every workload
+WINS = 0.75  # and faster than it in this share of the rounds of every workload,
+DROP = 0.0005  # and its embeddings' mean cosine to float32's at most this below the class's
 SAVE_ROUNDS = 5  # the fewest rounds whose choice is saved
 FORCE = {"float32": "BERTLAB_FLOAT32_KERNEL", "int8": "BERTLAB_INT8_KERNEL"}
 
@@ -133,6 +139,9 @@ def bench_kernels(
         "precisions": {},
     }
     data = {w: batches(tokenizer, texts, w) for w in workloads}
+    reference = bertlab_runner(model_dir, "fp32")  # (the embeddings every kernel is held to)
+    with torch.inference_mode():
+        float32 = {w: np.concatenate([reference(b) for b in batch]) for w, batch in data.items()}
     for precision, (default, policies, left_out) in found.items():
         entry: dict[str, Any] = {"class_kernel": default, "kernels": list(policies),
                                  "left_out": left_out, "workloads": {}}  # fmt: skip
@@ -155,6 +164,10 @@ def bench_kernels(
             runs = {k: (lambda p=p, r=run: timed(r, p)) for k, p in policies.items()}
             times = alternate(runs, repeats)
             tokens = int(sum(b["attention_mask"].sum() for b in batch))
+            embedded = {}
+            for k, p in policies.items():
+                with cpu.using(p):
+                    embedded[k] = np.concatenate([run(b) for b in batch])
             entry["workloads"][workload] = {
                 "real_tokens": tokens,
                 "kernels": {
@@ -169,6 +182,8 @@ def bench_kernels(
                             t < d for d, t in zip(times[default], times[k], strict=True)
                         ),
                         "round_seconds": times[k],
+                        # the texts' embeddings against the float32 model's
+                        "cosine_to_float32": quality(float32[workload], embedded[k])["cosine_mean"],
                     }
                     for k in policies
                 },
@@ -186,13 +201,18 @@ def choose(entry: dict[str, Any]) -> tuple[str, str]:
         rows = [w["kernels"][kernel] for w in entry["workloads"].values()]
         ratios = [row["paired"] for row in rows]
         mean = math.exp(statistics.fmean(math.log(r) for r in ratios))
-        steady = all(row["wins"] >= WINS for row in rows)
+        kept = [w["kernels"][default]["cosine_to_float32"] for w in entry["workloads"].values()]
+        steady = all(
+            row["wins"] >= WINS and row["cosine_to_float32"] >= base - DROP
+            for row, base in zip(rows, kept, strict=True)
+        )
         if kernel != default and mean >= score and min(ratios) >= FLOOR and steady:
             best, score = kernel, mean
     if best is None:
         return default, (
             f"the class's kernel: no other was {MARGIN:.2f}x as fast over the workloads, no "
-            f"slower than {FLOOR:.2f}x on one and faster in {WINS:.0%} of each one's rounds"
+            f"slower than {FLOOR:.2f}x on one and faster in {WINS:.0%} of each one's rounds, "
+            f"with embeddings as close to float32's (within {DROP} in mean cosine)"
         )
     return best, f"{score:.2f}x the class's kernel ({default}), geometric mean over the workloads"
 
@@ -259,15 +279,21 @@ def save(report: dict[str, Any]) -> str:
 
 def table(entry: dict[str, Any]) -> str:
     """One precision of a report as a Markdown table: each kernel's real tokens/s per workload,
-    and its paired ratio to the class's kernel."""
+    its paired ratio to the class's kernel and its texts' mean embedding cosine to float32's."""
     names = list(entry["workloads"])
-    head = "| kernel | " + " | ".join(f"{w}: tokens/s (vs the class's)" for w in names) + " |"
+    head = (
+        "| kernel | "
+        + " | ".join(f"{w}: tokens/s (vs the class's, cosine to float32)" for w in names)
+        + " |"
+    )
     lines = [head, "| --- |" + " --- |" * len(names)]
     for kernel in entry["kernels"]:
         cells = []
         for w in names:
             row = entry["workloads"][w]["kernels"][kernel]
-            cells.append(f"{row['tokens_per_s']:,.0f} ({row['paired']:.2f}x)")
+            cells.append(
+                f"{row['tokens_per_s']:,.0f} ({row['paired']:.2f}x, {row['cosine_to_float32']:.5f})"
+            )
         label = f"{kernel} (the class's)" if kernel == entry["class_kernel"] else kernel
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

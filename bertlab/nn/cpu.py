@@ -87,7 +87,7 @@ instruction; what was measured where, natively or on a simulation: docs/performa
   bits where fbgemm's would keep 7; on avx2 (but AMD's) and avx512 fbgemm's is chosen.
   Weights are int8 per output channel and activations per token on every kernel.
   ``bertlab bench kernels --save`` measures the int8 model on each kernel that rounds the
-  activations to as many levels as the class's (the same numbers up to float rounding) and
+  activations to as many levels as the class's (and stays as close to float32's embeddings) and
   keeps the fastest for this CPU, as for float32 (above); where that file is, its kernel comes
   before the class's order (``Policy.int8_kernel_why`` says which), with the class's kernel as
   the fallback of one of bertlab's own.
