@@ -124,7 +124,7 @@ def test_a_saved_choice_is_what_the_policy_runs_on_that_cpu_only(tmp_path):
     assert p.float32_kernel_why.startswith("measured here") and str(path) in p.float32_kernel_why
     assert "1.20x the class's kernel" in p.float32_kernel_why
     assert p.describe()["float32_kernel"] == "sgemm-avx512"
-    assert "calling the sgemm-avx512 kernel was measured only" in p.not_compiled["float32"]
+    assert "not measured faster than the model on this class" in p.not_compiled["float32"]
     line = "float32 products on sgemm-avx512 (measured on this machine: bertlab bench kernels"
     assert line in cpu_line(p.describe())  # (what bench runtimes prints above its table)
     # a kernel forced by name still comes first
@@ -148,6 +148,10 @@ def test_a_saved_int8_kernel_runs_where_it_rounds_as_the_class_kernel_does(tmp_p
     # the compiled program calling u8-vnni was not measured on this class: int8 runs the model
     assert "int8" not in p.compiled and "measured only on the" in p.not_compiled["int8"]
     assert "int8" in cpu.policy(xeon, {}, measured=False).compiled
+    record(tmp_path, xeon, float32="sgemm-avx512", int8="u8-vnni")  # (the same for float32)
+    p = cpu.policy(xeon, env)
+    assert p.float32_kernel == "sgemm-avx512" and "float32" not in p.compiled
+    assert "calling the sgemm-avx512 kernel was measured only" in p.not_compiled["float32"]
     assert "int8 on u8-vnni (8-bit activations) (measured on this machine" in cpu_line(p.describe())
     forced = cpu.policy(xeon, {**env, "BERTLAB_INT8_KERNEL": "fbgemm-u8"})
     assert forced.int8_kernel == "fbgemm-u8" and "forced" in forced.int8_kernel_why

@@ -608,6 +608,12 @@ def policy(
             f"the int8 products run on the {kernel} kernel, which a compiled program cannot "
             "call (it would compute them in float32)"
         )
+    for precision in ("float32", "bfloat16", "int8"):
+        if precision not in COMPILED.get(cls, ()) and precision not in not_compiled:
+            not_compiled[precision] = (
+                f"the compiled program was not measured faster than the model on this class "
+                f"of CPU ({cls})"
+            )
     # a program calling bertlab's own kernels (forced or measured here) only where it was
     # measured with them
     for precision, own in (("float32", sgemm_kernel), ("int8", kernel)):
@@ -620,12 +626,6 @@ def policy(
             not_compiled[precision] = (
                 f"the compiled program calling the {own} kernel was measured only on the "
                 f"{', '.join(measured)} class, not on this one ({cls})"
-            )
-    for precision in ("float32", "bfloat16", "int8"):
-        if precision not in COMPILED.get(cls, ()) and precision not in not_compiled:
-            not_compiled[precision] = (
-                f"the compiled program was not measured faster than the model on this class "
-                f"of CPU ({cls})"
             )
     compiled = frozenset(COMPILED.get(cls, ())) - set(not_compiled)
     few_rows, few_rows_why = _few_rows(f, products, environ.get("BERTLAB_FEW_ROWS", ""))
