@@ -43,9 +43,9 @@ def module_tmp(tmp_path_factory):
 
 
 def pytest_configure(config):
-    """The policy reads no float32 kernel measured on this machine by ``bertlab bench kernels
-    --save`` (nn/cpu.py): the tests see the classes' own choices, wherever they run. A test of
-    that file points BERTLAB_MEASURED_DIR at a folder of its own."""
+    """The policy reads no kernel measured on this machine by ``bertlab bench kernels --save``
+    (nn/measured.py): the tests see the classes' own choices, wherever they run. A test of that
+    file points BERTLAB_MEASURED_DIR at a folder of its own."""
     import os
     import tempfile
 

@@ -26,7 +26,7 @@ from bertlab.bench.kernels import (
 )
 from bertlab.bench.runtimes import cpu_line
 from bertlab.cli.main import main
-from bertlab.nn import cpu
+from bertlab.nn import cpu, measured
 
 
 def x86(top: str, vendor: str = "GenuineIntel", family: int = 6) -> cpu.Features:
@@ -45,9 +45,9 @@ def record(
     folder: Path, f: cpu.Features, float32: str | None = None, int8: str | None = None, **changes
 ) -> Path:
     """A file as ``bench kernels --save`` writes it, for the features ``f``."""
-    path = cpu.measured_path(f, {cpu.MEASURED_DIR: str(folder)})
+    path = measured.measured_path(f, {measured.MEASURED_DIR: str(folder)})
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = {"key": cpu.machine_key(f), "date": "2026-11-29 09:00 UTC", **changes}
+    data = {"key": measured.machine_key(f), "date": "2026-11-29 09:00 UTC", **changes}
     for precision, kernel in (("float32", float32), ("int8", int8)):
         if kernel is not None:
             data[precision] = {"kernel": kernel, "why": "1.20x the class's kernel"}
@@ -115,7 +115,7 @@ def test_the_class_kernel_is_kept_unless_another_is_clearly_faster_everywhere():
 
 
 def test_a_saved_choice_is_what_the_policy_runs_on_that_cpu_only(tmp_path):
-    env = {cpu.MEASURED_DIR: str(tmp_path)}
+    env = {measured.MEASURED_DIR: str(tmp_path)}
     skylake = x86("avx512_core")
     assert cpu.policy(skylake, env).float32_kernel == "onednn"  # the class's, nothing saved
     path = record(tmp_path, skylake, float32="sgemm-avx512")
@@ -132,12 +132,12 @@ def test_a_saved_choice_is_what_the_policy_runs_on_that_cpu_only(tmp_path):
     assert forced.float32_kernel == "onednn" and "forced" in forced.float32_kernel_why
     # another CPU (here: another model name) reads a file of its own, which does not exist
     other = dataclasses.replace(skylake, model="another model")
-    assert cpu.measured_path(other, env) != path
+    assert measured.measured_path(other, env) != path
     assert cpu.policy(other, env).float32_kernel == "onednn"
 
 
 def test_a_saved_int8_kernel_runs_where_it_rounds_as_the_class_kernel_does(tmp_path):
-    env = {cpu.MEASURED_DIR: str(tmp_path)}
+    env = {measured.MEASURED_DIR: str(tmp_path)}
     xeon = x86("avx512_core_amx")  # the class's int8 kernel: onednn-s8, 8-bit activations
     assert cpu.policy(xeon, env).int8_kernel == "onednn-s8"
     record(tmp_path, xeon, int8="u8-vnni")  # bertlab's own VNNI kernel, 8 bits too
@@ -170,7 +170,7 @@ def test_a_saved_int8_kernel_runs_where_it_rounds_as_the_class_kernel_does(tmp_p
 
 @pytest.mark.parametrize("case", ["another key", "not a kernel", "cannot run", "not json"])
 def test_a_file_that_does_not_hold_here_is_passed_over_saying_why(tmp_path, case):
-    env = {cpu.MEASURED_DIR: str(tmp_path)}
+    env = {measured.MEASURED_DIR: str(tmp_path)}
     haswell = x86("avx2")  # Intel AVX2: the class's kernel is oneDNN's
     if case == "another key":
         path = record(tmp_path, haswell, float32="sgemm-avx2", key="0123456789abcdef")
@@ -201,7 +201,7 @@ TEXTS = [
 def test_every_kernel_this_cpu_runs_is_timed_and_the_saved_choices_are_what_runs_next(
     tmp_path, monkeypatch
 ):
-    monkeypatch.setenv(cpu.MEASURED_DIR, str(tmp_path))
+    monkeypatch.setenv(measured.MEASURED_DIR, str(tmp_path))
     own = cpu.policy(cpu.features(), {}, measured=False)
     if own.float32_kernel is None and own.int8_kernel is None:  # (Arm, x86 without AVX2)
         with pytest.raises(ValueError, match="there is no kernel to choose on this CPU"):
@@ -210,7 +210,7 @@ def test_every_kernel_this_cpu_runs_is_timed_and_the_saved_choices_are_what_runs
     rep = bench_kernels(texts=TEXTS, workloads=("batch-1",), repeats=SAVE_ROUNDS, threads=1)
     path = Path(save(rep))
     saved = json.loads(path.read_text())
-    assert path == cpu.measured_path(cpu.features()) and saved["key"] == rep["key"]
+    assert path == measured.measured_path(cpu.features()) and saved["key"] == rep["key"]
     for precision, names in (("float32", cpu.FLOAT32_KERNELS), ("int8", cpu.INT8_KERNELS)):
         e = rep["precisions"][precision]
         if e["class_kernel"] is None:  # (said by name, nothing timed, nothing saved)
@@ -275,8 +275,8 @@ def test_a_folder_for_the_choices_that_cannot_be_written_is_refused_before_timin
 ):
     blocked = tmp_path / "a file"
     blocked.write_text("")
-    monkeypatch.setenv(cpu.MEASURED_DIR, str(blocked / "measured"))
+    monkeypatch.setenv(measured.MEASURED_DIR, str(blocked / "measured"))
     assert main(["bench", "kernels", "--save", "--model", str(tmp_path / "no model")]) == 2
     err = capsys.readouterr().err
     assert f"--save: the choices cannot be kept in {blocked / 'measured'}" in err
-    assert cpu.MEASURED_DIR in err
+    assert measured.MEASURED_DIR in err

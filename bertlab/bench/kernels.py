@@ -12,18 +12,17 @@ in alternating rounds, each paired round by round with the class's kernel. int8 
 only with those that round the activations to as many levels as the class's (8 or 7 bits),
 whose numbers differ from its only where an activation rounds the other way; the float32
 kernels differ by float rounding (about 1e-6 relative). A kernel other than the class's is
-chosen only where it is at
-least MARGIN faster, the geometric mean of its paired medians over the workloads, no workload
-slower than FLOOR, and faster in at least WINS of each workload's rounds: on a machine whose
-speed drifts, a close call keeps the class's. Each kernel's embeddings are compared with the
-float32 model's too (the mean cosine of the texts): one further from them than the class
-kernel's by more than DROP is not chosen.
-A choice is saved from SAVE_ROUNDS rounds up.
+chosen only where it is at least MARGIN faster, the geometric mean of its paired medians over
+the workloads, no workload slower than FLOOR, and faster in at least WINS of each workload's
+rounds: on a machine whose speed drifts, a close call keeps the class's. Each kernel's
+embeddings are compared with the float32 model's too (the mean cosine of the texts): one
+further from them than the class kernel's by more than DROP is not chosen. A choice is saved
+from SAVE_ROUNDS rounds up.
 
-Saved (``save``), the choices go to ``cpu.measured_path()``: a file for this CPU as the
-libraries see it and this PyTorch, which the policy of every later bertlab process on this
-CPU reads (``BERTLAB_FLOAT32_KERNEL`` and ``BERTLAB_INT8_KERNEL`` still force a kernel over
-it; deleting the file returns to the class's choices).
+Saved (``save``), the choices go to ``bertlab.nn.measured.measured_path()``: a file for this
+CPU as the libraries see it and this PyTorch, which the policy of every later bertlab process
+on this CPU reads (``BERTLAB_FLOAT32_KERNEL`` and ``BERTLAB_INT8_KERNEL`` still force a kernel
+over it; deleting the file returns to the class's choices).
 """
 
 from __future__ import annotations
@@ -101,7 +100,7 @@ def bench_kernels(
     the paired ratios to the class's kernel and the choice (``choose``). ``texts`` replaces
     the sentences (tests use a few)."""
     from bertlab.files import resolve_model_dir
-    from bertlab.nn import cpu
+    from bertlab.nn import cpu, measured
     from bertlab.tokenizer import BertTokenizer
 
     for name, given, known in (("workload", workloads, WORKLOADS),
@@ -130,7 +129,7 @@ def bench_kernels(
         "machine": machine(),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "cpu": cpu.current().describe(),
-        "key": cpu.machine_key(f),
+        "key": measured.machine_key(f),
         "torch": torch.__version__,
         "model": str(model_dir),
         "texts": origin,
@@ -140,34 +139,24 @@ def bench_kernels(
     }
     data = {w: batches(tokenizer, texts, w) for w in workloads}
     reference = bertlab_runner(model_dir, "fp32")  # (the embeddings every kernel is held to)
-    with torch.inference_mode():
-        float32 = {w: np.concatenate([reference(b) for b in batch]) for w, batch in data.items()}
+    float32 = {w: np.concatenate([reference(b) for b in batch]) for w, batch in data.items()}
     for precision, (default, policies, left_out) in found.items():
         entry: dict[str, Any] = {"class_kernel": default, "kernels": list(policies),
                                  "left_out": left_out, "workloads": {}}  # fmt: skip
         report["precisions"][precision] = entry
         if default is None:
             continue
-        progress(f"{precision}: loading the model")
         # one model for every kernel (int8: quantized and calibrated on the class's kernel; the
         # kernels compared round to the same levels), its weights packed for each kernel at its
-        # first run and kept (products.py, precision.py)
-        run = bertlab_runner(model_dir, precision.replace("float", "fp"))
+        # first run and kept (products.py, precision.py); float32's is the reference's
+        progress(f"{precision}: loading the model")
+        run = reference if precision == "float32" else bertlab_runner(model_dir, "int8")
         for workload, batch in data.items():
             progress(f"{precision}, {workload}: timing {len(policies)} kernels")
-
-            def timed(run: Callable, policy: Any, batch: list = batch) -> None:
-                with cpu.using(policy):
-                    for b in batch:
-                        run(b)
-
-            runs = {k: (lambda p=p, r=run: timed(r, p)) for k, p in policies.items()}
+            runs = {k: (lambda r=run, p=p, b=batch: embed(r, p, b)) for k, p in policies.items()}
             times = alternate(runs, repeats)
             tokens = int(sum(b["attention_mask"].sum() for b in batch))
-            embedded = {}
-            for k, p in policies.items():
-                with cpu.using(p):
-                    embedded[k] = np.concatenate([run(b) for b in batch])
+            embedded = {k: embed(run, p, batch) for k, p in policies.items()}
             entry["workloads"][workload] = {
                 "real_tokens": tokens,
                 "kernels": {
@@ -192,16 +181,25 @@ def bench_kernels(
     return report
 
 
+def embed(run: Callable, policy: Any, batch: list) -> np.ndarray:
+    """The texts of ``batch`` embedded by ``run`` with ``policy`` as the process's policy."""
+    from bertlab.nn import cpu
+
+    with cpu.using(policy):
+        return np.concatenate([run(b) for b in batch])
+
+
 def choose(entry: dict[str, Any]) -> tuple[str, str]:
     """(kernel, why) from one precision's paired ratios: the class's kernel, unless another is
-    at least MARGIN faster in the geometric mean over the workloads and no slower than FLOOR
-    on any (module docstring)."""
+    at least MARGIN faster in the geometric mean over the workloads, no slower than FLOOR on
+    any, faster in WINS of each one's rounds, and no further than DROP below the class
+    kernel's cosine to float32 (module docstring)."""
     default, best, score = entry["class_kernel"], None, MARGIN
+    kept = [w["kernels"][default]["cosine_to_float32"] for w in entry["workloads"].values()]
     for kernel in entry["kernels"]:
         rows = [w["kernels"][kernel] for w in entry["workloads"].values()]
         ratios = [row["paired"] for row in rows]
         mean = math.exp(statistics.fmean(math.log(r) for r in ratios))
-        kept = [w["kernels"][default]["cosine_to_float32"] for w in entry["workloads"].values()]
         steady = all(
             row["wins"] >= WINS and row["cosine_to_float32"] >= base - DROP
             for row, base in zip(rows, kept, strict=True)
@@ -217,12 +215,18 @@ def choose(entry: dict[str, Any]) -> tuple[str, str]:
     return best, f"{score:.2f}x the class's kernel ({default}), geometric mean over the workloads"
 
 
-def writable() -> None:
-    """Refuse, before anything is timed, a folder for the choices that cannot be written
-    (ValueError naming it and the variable that moves it)."""
-    from bertlab.nn import cpu
+def can_save(repeats: int) -> None:
+    """Refuse, before anything is timed, to save a choice of fewer than SAVE_ROUNDS rounds, or
+    into a folder that cannot be written (ValueError naming it and the variable that moves
+    it)."""
+    from bertlab.nn import measured
 
-    folder = cpu.measured_dir()
+    if repeats < SAVE_ROUNDS:
+        raise ValueError(
+            f"--save needs at least {SAVE_ROUNDS} rounds (--repeats), got {repeats}: fewer "
+            "leave the choice to the machine's drift"
+        )
+    folder = measured.measured_dir()
     try:
         folder.mkdir(parents=True, exist_ok=True)
         ok = os.access(folder, os.W_OK)
@@ -233,25 +237,20 @@ def writable() -> None:
     if not ok:
         raise ValueError(
             f"--save: the choices cannot be kept in {folder} ({why}); set "
-            f"{cpu.MEASURED_DIR} to a folder this user can write"
+            f"{measured.MEASURED_DIR} to a folder this user can write"
         )
 
 
 def save(report: dict[str, Any]) -> str:
     """Write the report's choices where the policy of later processes on this CPU reads them
-    (``cpu.measured_path``), whole or not at all; returns the path."""
-    from bertlab.nn import cpu
+    (``bertlab.nn.measured.measured_path``), whole or not at all; returns the path."""
+    from bertlab.nn import cpu, measured
 
-    if report["repeats"] < SAVE_ROUNDS:
-        raise ValueError(
-            f"--save needs at least {SAVE_ROUNDS} rounds, got {report['repeats']}: fewer leave "
-            "the choice to the machine's drift"
-        )
+    can_save(report["repeats"])
     f = cpu.features()
-    if report["key"] != cpu.machine_key(f):
+    if report["key"] != measured.machine_key(f):
         raise ValueError("the report was measured on another CPU or PyTorch; it is not saved")
-    path = cpu.measured_path(f)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = measured.measured_path(f)
     record: dict[str, Any] = {
         "key": report["key"],
         "date": report["date"],

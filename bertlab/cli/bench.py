@@ -256,21 +256,15 @@ def cmd_bench_kernels(args: argparse.Namespace) -> int:
     from bertlab.bench.kernels import (
         FORCE,
         PRECISIONS,
-        SAVE_ROUNDS,
         WORKLOADS,
         bench_kernels,
+        can_save,
         save,
         table,
-        writable,
     )
 
-    if args.save and args.repeats < SAVE_ROUNDS:
-        raise ValueError(
-            f"--save needs at least {SAVE_ROUNDS} rounds (--repeats), got {args.repeats}: fewer "
-            "leave the choice to the machine's drift"
-        )
     if args.save:
-        writable()
+        can_save(args.repeats)
     report = bench_kernels(
         args.model,
         args.data,

@@ -119,8 +119,6 @@ MKL_ENABLE_INSTRUCTIONS=AVX2``), as tests/test_cpu.py does.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import os
 import platform
 from collections.abc import Iterator
@@ -130,6 +128,7 @@ from pathlib import Path
 import torch
 
 from bertlab import openmp
+from bertlab.nn.measured import Measured, measured_path, read_measured
 
 # ============================================================================ features
 # The instruction sets that matter here, by PyTorch's (cpuinfo's) names, in the order a limit
@@ -576,9 +575,12 @@ def policy(
     forced_int8 = environ.get("BERTLAB_INT8_KERNEL", "").strip().lower()
     kernel, int8_why, fallback = _int8(f, cls, forced_int8)
     found = read_measured(measured_path(f, environ), f) if measured else None
-    int8_kernel_why = f"forced by BERTLAB_INT8_KERNEL={forced_int8}" if kernel else ""
-    if kernel is not None and forced_int8 in ("", "auto"):
+    if kernel is None:
+        int8_kernel_why = ""
+    elif forced_int8 in ("", "auto"):
         kernel, fallback, int8_kernel_why = _measured_int8(f, cls, kernel, fallback, found)
+    else:
+        int8_kernel_why = f"forced by BERTLAB_INT8_KERNEL={forced_int8}"
     levels = int8_levels(kernel, f)
     if f.x86:
         native = f.onednn_bf16 and bool({"avx512_bf16", "amx_bf16"} & f.flags)
@@ -729,8 +731,8 @@ def _float32_kernel(
         return forced, f"forced by BERTLAB_FLOAT32_KERNEL={forced}"
     kernel, why = class_float32_kernel(f, cls)
     chosen, said = (None, None) if measured is None else measured.choice("float32")
-    needs = FLOAT32_NEEDS.get(str(chosen), (frozenset(),))[0]
-    if chosen is not None and (chosen not in FLOAT32_KERNELS or not needs <= f.flags):
+    required = needs.get(str(chosen), (frozenset(),))[0]
+    if chosen is not None and (chosen not in FLOAT32_KERNELS or not required <= f.flags):
         chosen, said = None, measured.passed_over(f"its float32 kernel {chosen!r} cannot run here")
     if chosen is None:  # (no choice kept, or one that does not hold here)
         return kernel, why if said is None else f"{why} ({said})"
@@ -769,85 +771,13 @@ def half_width_avx512(f: Features) -> bool:
 
 
 # ============================================================================ measured choices
-# ``bertlab bench kernels --save`` times the whole model on each float32 and int8 kernel this
-# CPU runs and keeps its choices in a file for this CPU (model, vendor, family, instruction
-# sets, limits) and this PyTorch, in BERTLAB_MEASURED_DIR or else the user's cache folder. The
-# policy reads it once a process: measured once, on the machine itself, where the class's choice
-# was made on other machines or on none (Intel's AVX2 and AVX-512 CPUs, Zen 5).
-MEASURED_DIR = "BERTLAB_MEASURED_DIR"
-
-
-def measured_dir(environ: dict[str, str] | os._Environ | None = None) -> Path:
-    """Where measured choices are kept: $BERTLAB_MEASURED_DIR, else ~/.cache/bertlab/measured
-    ($XDG_CACHE_HOME in place of ~/.cache where it is set)."""
-    environ = os.environ if environ is None else environ
-    if folder := environ.get(MEASURED_DIR, "").strip():
-        return Path(folder).expanduser()
-    base = environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base).expanduser() / "bertlab" / "measured"
-
-
-def machine_key(f: Features) -> str:
-    """What a measured choice holds for: this CPU, as the libraries see it, and this PyTorch."""
-    what = [f.arch, f.model, f.vendor, f.family, sorted(f.flags), list(f.limits),
-            torch.__version__]  # fmt: skip
-    return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:16]
-
-
-def measured_path(f: Features, environ: dict[str, str] | os._Environ | None = None) -> Path:
-    """The file of this CPU's measured kernels (which may not exist)."""
-    return measured_dir(environ) / f"kernels-{machine_key(f)}.json"
-
-
-@dataclass(frozen=True)
-class Measured:
-    """What ``read_measured`` found: the file's record (None where there is none that holds on
-    this CPU), and why it was passed over (None where it was not)."""
-
-    path: Path
-    record: dict | None
-    why_not: str | None = None
-
-    def passed_over(self, why: str) -> str:
-        return f"{self.path} was passed over: {why}"
-
-    def choice(self, precision: str) -> tuple[str | None, str | None]:
-        """(kernel, why) kept for ``precision`` ("float32", "int8"); (None, why the file was
-        passed over, or None) where none was."""
-        if self.record is None:
-            return None, self.why_not
-        kept = self.record.get(precision)
-        if not isinstance(kept, dict) or not isinstance(kept.get("kernel"), str):
-            return None, None
-        return kept["kernel"], (
-            f"measured here ({self.record.get('date', 'undated')}, bertlab bench kernels --save: "
-            f"{kept.get('why', 'no reason kept')}; {self.path})"
-        )
-
-
-def read_measured(path: Path, f: Features) -> Measured:
-    """The kernels ``bertlab bench kernels --save`` kept for this CPU in ``path``. A file that
-    cannot be read, or was measured on another CPU or PyTorch, is passed over, saying why: the
-    class's choices hold then."""
-    try:
-        record = json.loads(path.read_text("utf-8"))
-    except FileNotFoundError:
-        return Measured(path, None)
-    except (OSError, ValueError) as e:
-        return Measured(path, None, f"{path} was passed over: it could not be read ({e})")
-    if not isinstance(record, dict) or record.get("key") != machine_key(f):
-        why = f"{path} was passed over: it was not measured on this CPU with this PyTorch"
-        return Measured(path, None, why)
-    return Measured(path, record)
-
-
 def _measured_int8(
     f: Features, cls: str, kernel: str, fallback: str | None, measured: Measured | None
 ) -> tuple[str, str | None, str]:
     """(kernel, fallback, why) of int8 products: the class's ``kernel``, or the one measured
-    here where it runs on this CPU and rounds the activations to as many levels (the same
-    numbers up to float rounding, faster). Measured, one of bertlab's own kernels falls back
-    to the class's where it cannot be built in the process."""
+    here where it runs on this CPU and rounds the activations to as many levels. Measured, one
+    of bertlab's own kernels falls back to the class's where it cannot be built in the
+    process."""
     chosen, said = (None, None) if measured is None else measured.choice("int8")
     why = "the first of the class's kernels that runs here (bertlab.nn.cpu)"
     if chosen is None:

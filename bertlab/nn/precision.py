@@ -264,8 +264,8 @@ def _pack(
     return torch.ops.onednn.qlinear_prepack(int8, None), torch.zeros(out, dtype=torch.long)
 
 
-# kernel -> first layer of a group -> (the group's layer ids, kernel, stamp, sources,
-# Int8Weight, bias): one table a kernel, so a model timed on several kernels in turn (bertlab
+# kernel -> first layer of a group -> (the group's layer ids, stamp, sources, Int8Weight, bias):
+# one table a kernel, so a model timed on several kernels in turn (bertlab
 # bench kernels) keeps each kernel's packed weights. Weakly keyed, as products.py's packed float
 # weights: nothing here is a buffer or in a state dict, and a layer that is dropped takes its
 # packed weights with it.
@@ -291,8 +291,8 @@ def int8_weight(layers: tuple[Int8Linear, ...]) -> tuple[Int8Weight, torch.Tenso
         except RuntimeError:  # inference tensors keep no version counter
             pass
         cached = None if stamp is None else _PACKED[kernel].get(first)
-        if cached is not None and cached[:3] == (ids, kernel, stamp):
-            return cached[4], cached[5]  # (first: what every product after the first finds)
+        if cached is not None and cached[:2] == (ids, stamp):
+            return cached[3], cached[4]  # (first: what every product after the first finds)
     policy = cpu.current()
     # a program bertlab compiles calls its own kernel as an operator, on panels packed in the graph
     # (constants there, folded as it compiles)
@@ -314,7 +314,7 @@ def int8_weight(layers: tuple[Int8Linear, ...]) -> tuple[Int8Weight, torch.Tenso
     w = Int8Weight(int8.t(), scale, first.unsmooth, packed, kernel, policy.int8_levels)
     if not traced and stamp is not None:
         sources = [m._buffers[name] for m in layers for name in _STAMPED]
-        _PACKED[kernel][first] = (ids, kernel, stamp, sources, w, bias)
+        _PACKED[kernel][first] = (ids, stamp, sources, w, bias)
     return w, bias
 
 
