@@ -47,7 +47,12 @@ _JIT_TRACING = torch.jit.is_tracing
 
 
 def exporting() -> bool:
-    """True while torch.export or ONNX export traces the model."""
+    """True while torch.export or ONNX export traces the model. Where PyTorch keeps the flag
+    that torch.export sets, the flag is read: torch.compile of PyTorch 2.9 and earlier answers
+    ``torch.compiler.is_exporting()`` with True anywhere it traces."""
+    flag = getattr(torch.compiler, "_is_exporting_flag", None)
+    if flag is not None:
+        return bool(flag)
     return _IS_EXPORTING is not None and bool(_IS_EXPORTING())
 
 
