@@ -215,7 +215,15 @@ def test_bertlabs_own_program_runs_the_attention_operator_too(monkeypatch):
 
 
 def test_without_the_operators_compiled_runs_the_model_saying_why(monkeypatch):
+    if (why := avx2.load()) is not None:
+        pytest.skip(f"bertlab's AVX2 kernels cannot run here: {why}")
     on_kernels(monkeypatch)
+    # the compiled precisions of the avx2 class, whatever this CPU's class compiles
+    policy = dataclasses.replace(
+        cpu.current(), compiled=frozenset({"float32", "int8"}), not_compiled={"bfloat16": "test"},
+        compiled_tokens=dict(cpu.COMPILED_TOKENS_AVX2["avx2"]),
+    )  # fmt: skip
+    monkeypatch.setattr(cpu, "_CURRENT", [policy])
     monkeypatch.setattr(avx2, "_OPS", ["no C++ compiler was found (set CXX, or install one)"])
     monkeypatch.setattr(Compiled, "available", staticmethod(lambda: None))
     model, ids, mask = small_encoder(torch.float32)
