@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -47,7 +48,7 @@ CLASSES = {
     "avx2-vnni": (x86("avx2", "avx_vnni"), "onednn-u8", 127, "float32", set()),
     "avx2": (x86("avx2"), "fbgemm-u8", 63, "float32", {"float32"}),
     "x86": (x86("avx"), None, 63, "float32", set()),
-    "arm": (arm(), None, 63, "float32", set()),
+    "arm": (arm(), "onednn-u8", 127, "float32", set()),
     "other": (cpu.Features(arch="riscv64", model="simulated", flags=frozenset()), None, 63,
               "float32", set()),
 }  # fmt: skip
@@ -87,16 +88,22 @@ def test_arm_with_bf16_instructions_runs_bfloat16_on_pytorchs_kernels():
     assert p.cpu_class == "arm" and p.bf16_native and p.bf16_why is None
     assert p.products == {}  # float32 and bfloat16 both by the module route: PyTorch's kernels
     assert p.onednn_isa is None
-    assert "aarch64" in p.int8_why and "x86" in p.int8_why
+    # int8 on oneDNN's u8 kernel, which sums in 32 bits there: 8-bit activations
+    assert p.int8_kernel == "onednn-u8" and p.int8_levels == 127 and p.int8_fallback is None
+    assert "compiled program cannot call" in p.not_compiled["int8"]
 
 
 @pytest.mark.parametrize(
-    ("cls", "missing"),
-    [("x86", "AVX2"), ("arm", "aarch64"), ("other", "riscv64")],
+    ("features", "missing"),
+    [
+        (CLASSES["x86"][0], "AVX2"),
+        (replace(arm(), onednn=False), "no oneDNN int8 linear kernel .* on aarch64"),
+        (CLASSES["other"][0], "riscv64"),
+    ],
 )
-def test_int8_is_refused_naming_what_the_cpu_lacks(cls, missing, monkeypatch):
-    p = cpu.policy(CLASSES[cls][0], environ={})
-    assert missing in p.int8_why
+def test_int8_is_refused_naming_what_the_cpu_lacks(features, missing, monkeypatch):
+    p = cpu.policy(features, environ={})
+    assert re.search(missing, p.int8_why)
     monkeypatch.setattr(cpu, "_CURRENT", [p])
     model = BertModel(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1,
                                  num_attention_heads=2, intermediate_size=32))  # fmt: skip
@@ -131,6 +138,7 @@ def test_a_bfloat16_cpu_without_onednn_bf16_is_not_native():
         ("arm", "u8-vnni", "runs on x86 CPUs; this one is aarch64"),
         ("arm", "u8-avx2", "runs on x86 CPUs; this one is aarch64"),
         ("arm", "fbgemm-u8", "runs on x86 CPUs; this one is aarch64"),
+        ("arm", "onednn-s8", "runs on x86 CPUs; this one is aarch64"),
     ],
 )
 def test_forcing_a_kernel_the_cpu_lacks_is_refused_by_name(cls, kernel, missing, monkeypatch):

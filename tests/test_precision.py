@@ -94,6 +94,50 @@ def test_int8_layer_is_the_int8_product_of_per_token_and_per_channel_scales():
 
 
 @needs_int8
+@pytest.mark.parametrize("rows", [1, 13, 64])
+def test_the_int8_kernel_sums_the_largest_values_at_its_levels_exactly(rows):
+    # Every activation at +-levels and every weight at +-127, in runs of one sign, so that a
+    # kernel adding two u8 x s8 products in 16 bits (VPMADDUBSW) would saturate at 127 levels
+    # (cpu.int8_levels): the class's kernel sums them all exactly, whichever it is.
+    K, N = 384, 96
+    g = torch.Generator().manual_seed(rows)
+    x = torch.ones(rows, K)
+    x[1:] = torch.randint(0, 2, (rows - 1, K), generator=g).float() * 2 - 1
+    w = torch.ones(N, K)
+    w[1::3] = -1
+    w[2::3] = torch.tensor([1.0, 1.0, -1.0, -1.0]).repeat(K // 4)
+    lin = torch.nn.Linear(K, N, bias=False)
+    with torch.no_grad():
+        lin.weight.copy_(w)
+        got = Int8Linear(lin)(x)
+    torch.testing.assert_close(got, x @ w.T, rtol=1e-5, atol=1e-4)
+
+
+@needs_int8
+def test_the_bundled_model_in_int8_on_this_cpus_kernel_keeps_its_embeddings():
+    """Real SST-2 sentences through the bundled model, calibrated, on the int8 kernel the CPU's
+    class takes (whichever it is, Arm's included): the mean embedding cosine to float32 meets
+    the 0.995 of int8's quality rule."""
+    import bertlab
+    from bertlab.data import sample_sentences
+    from bertlab.files import resolve_model_dir
+    from bertlab.nn.precision import int8_kernel, text_batches
+    from bertlab.pipelines import pipeline
+
+    path = resolve_model_dir("default")
+    tokenizer = bertlab.BertTokenizer.from_pretrained(path)
+    model = bertlab.BertModel.from_pretrained(path).eval()
+    texts = sample_sentences(100, "sst2_dev.tsv")
+    reference = torch.as_tensor(pipeline("embed", model, tokenizer=tokenizer)(texts))
+    calibration = text_batches(tokenizer, sample_sentences(64, "sst2_train.tsv"))
+    q = quantize_int8(model, calibrate=calibration)
+    got = torch.as_tensor(pipeline("embed", q, tokenizer=tokenizer)(texts))
+    assert len(q.int8_report["int8"]) > 0 and int8_kernel() in q.int8_report["kernel"]
+    cos = torch.nn.functional.cosine_similarity(got, reference)
+    assert cos.mean() >= 0.995 and (got - reference).abs().max() > 1e-4  # int8, not float32
+
+
+@needs_int8
 @pytest.mark.parametrize("kernel", ["packed", "sdpa"])
 def test_int8_results_never_depend_on_the_rest_of_the_batch(kernel):
     torch.manual_seed(0)

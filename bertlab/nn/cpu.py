@@ -17,7 +17,7 @@ instruction; what was measured where, natively or on a simulation: docs/performa
     avx2-vnni    Alder Lake and later clients   oneDNN | in float32            onednn-u8, 8 bits
     avx2         EPYC Zen 2 and 3, Haswell on   sgemm* | in float32            u8-avx2*, 7 bits
     x86          x86 without AVX2               PyTorch's | in float32         none (needs AVX2)
-    arm          Graviton, Apple, Ampere        PyTorch's | PyTorch's (BF16)   none
+    arm          Graviton, Apple, Ampere        PyTorch's | PyTorch's (BF16)   onednn-u8, 8 bits
                                                 or in float32 (no BF16)
     other        anything else                  PyTorch's | in float32         none
 
@@ -85,6 +85,11 @@ instruction; what was measured where, natively or on a simulation: docs/performa
   fbgemm's ``reduce_range``), 8 with VNNI (``int8_levels``; u8-avx2 keeps 7 everywhere, u8-vnni
   8). fbgemm has no AVX-VNNI code, oneDNN has: so on avx2-vnni CPUs oneDNN's kernel keeps 8
   bits where fbgemm's would keep 7; on avx2 (but AMD's) and avx512 fbgemm's is chosen.
+  On Arm (aarch64) PyTorch builds oneDNN's int8 kernels for Arm, and int8 takes ``onednn-u8``
+  there, with 8-bit activations: its sums of the largest values were exact under emulation of
+  four Arm CPUs, with and without SVE and dot-product instructions (docs/performance.md).
+  ``torch._int_mm``, which onednn-s8 calls, runs a plain loop there, not oneDNN. No Arm CPU
+  was at hand to time it on.
   Weights are int8 per output channel and activations per token on every kernel.
   ``bertlab bench kernels --save`` measures the int8 model on each kernel that rounds the
   activations to as many levels as the class's (and stays as close to float32's embeddings) and
@@ -146,6 +151,7 @@ LEVELS: tuple[tuple[str, frozenset[str]], ...] = (
 )
 X86_FLAGS = frozenset().union(*(flags for _, flags in LEVELS))
 ARM_FLAGS = frozenset({"asimd", "asimddp", "i8mm", "bf16", "sve", "sve2"})
+ARM = ("aarch64", "arm64")  # platform.machine()'s names for 64-bit Arm
 # each library's names for its levels (ours above); a name not listed sets no limit
 LIMITS = {
     "ONEDNN_MAX_CPU_ISA": {
@@ -469,7 +475,7 @@ class Policy:
 
 def classify(f: Features) -> str:
     """The class of a feature set (module docstring)."""
-    if f.arch in ("aarch64", "arm64"):
+    if f.arch in ARM:
         return "arm"
     if not f.x86:
         return "other"
@@ -487,8 +493,15 @@ def classify(f: Features) -> str:
 
 def _kernel_why(kernel: str, f: Features, cls: str) -> str | None:
     """Why ``kernel`` cannot run here (the instruction set or operator it lacks), or None."""
-    if not f.x86:
+    if not f.x86 and not (kernel == "onednn-u8" and f.arch in ARM):
         return f"the {kernel} kernel runs on x86 CPUs; this one is {f.arch}"
+    if not f.x86:  # oneDNN's int8 kernels for aarch64, every one of which has Advanced SIMD
+        if f.onednn and _has_op("onednn", "qlinear_pointwise"):
+            return None
+        return (
+            f"PyTorch {torch.__version__} has no oneDNN int8 linear kernel (qlinear_pointwise), "
+            f"the only int8 kernel bertlab runs on {f.arch}"
+        )
     flags, name = NEEDS[kernel]
     if not set(flags) <= f.flags:
         return f"the {kernel} kernel needs {name}, which this CPU ({cls}) does not have" + (
@@ -519,10 +532,13 @@ def _int8(f: Features, cls: str, forced: str) -> tuple[str | None, str | None, s
             return None, why, None
         why = _kernel_why(forced, f, cls)
         return (None, f"BERTLAB_INT8_KERNEL={forced}: {why}", None) if why else (forced, None, None)
+    if f.arch in ARM:  # oneDNN's u8 kernel, the one PyTorch builds for aarch64
+        why = _kernel_why("onednn-u8", f, cls)
+        return (None, why, None) if why else ("onednn-u8", None, None)
     if not f.x86:
         why = (
-            f"bertlab's int8 kernels (oneDNN's, fbgemm's and its own AVX2 one) are x86 ones, "
-            f"from AVX2 up; this CPU is {f.arch}"
+            f"bertlab's int8 kernels are x86 ones, from AVX2 up (oneDNN's, fbgemm's and its own), "
+            f"and oneDNN's on aarch64; this CPU is {f.arch}"
         )
         return None, why, None
     # VNNI's (or AMX's) int8 x int8 products where PyTorch sends torch._int_mm to them; with
@@ -550,12 +566,16 @@ def _int8(f: Features, cls: str, forced: str) -> tuple[str | None, str | None, s
 
 def int8_levels(kernel: str | None, f: Features) -> int:
     """The activations' levels L (rounded to -L..L) of an int8 kernel on these features: 127
-    (8 bits) where the kernel sums with VNNI (or AMX), else 63 (7 bits). Without VNNI the u8
-    kernels multiply with VPMADDUBSW, which adds two u8 x s8 products in 16 bits and saturates
-    past 32,767; the activations enter shifted by the zero point L + 1, so a pair reaches
-    2 x 255 x 127 = 64,770 at L = 127 and 2 x 127 x 127 = 32,258 at L = 63."""
+    (8 bits) where the kernel sums with VNNI (or AMX), and on aarch64, else 63 (7 bits).
+    Without VNNI the x86 u8 kernels multiply with VPMADDUBSW, which adds two u8 x s8 products
+    in 16 bits and saturates past 32,767; the activations enter shifted by the zero point L + 1,
+    so a pair reaches 2 x 255 x 127 = 64,770 at L = 127 and 2 x 127 x 127 = 32,258 at L = 63.
+    oneDNN's aarch64 kernel summed the worst case exactly at L = 127 (tests/test_int8.py's
+    exactness test, run under emulation of four Arm CPUs: docs/performance.md)."""
     if kernel == "u8-avx2":  # (VPMADDUBSW on every CPU: int8_avx2.c)
         return 63
+    if kernel is not None and f.arch in ARM:  # oneDNN's aarch64 kernels sum in 32 bits
+        return 127
     if kernel in ("onednn-s8", "u8-vnni") or (kernel is not None and "avx512_vnni" in f.flags):
         return 127
     if kernel == "onednn-u8" and "avx_vnni" in f.flags:  # oneDNN's AVX-VNNI code (fbgemm has none)
