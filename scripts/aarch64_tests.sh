@@ -5,7 +5,7 @@
 #
 #   sudo scripts/aarch64_tests.sh ROOT [PYTEST ARGS...]
 #
-#   ROOT             a folder for the arm64 root (about 2.5 GB once installed); made on the
+#   ROOT             a folder for the arm64 root (about 7.5 GB once installed); made on the
 #                    first run and kept for later ones
 #   PYTEST ARGS      what `python -m pytest` is given (default: the README's `-q -n 2`)
 #   QEMU_CPU=NAME    the emulated CPU (default: QEMU's "max", with SVE, BF16 and I8MM; e.g.
@@ -17,9 +17,10 @@
 # /proc/cpuinfo is replaced in the root by an Arm one whose features follow QEMU_CPU.
 #
 # Needs root, Debian's qemu-user-static, binfmt-support and debootstrap (installed here if
-# apt-get is there), and network access to Debian's and PyPI's packages. PyTorch is 2.9.1:
-# PyPI's aarch64 wheels of later releases are CUDA builds, which pull in several GB of CUDA
-# libraries.
+# apt-get is there), and network access to Debian's and PyPI's packages. PyTorch is the
+# README's, 2.13.0 (TORCH=VERSION for another, in a virtual environment of its own): PyPI's
+# aarch64 wheel of it is a CUDA build, whose CUDA libraries make the environment about 6 GB
+# with the test extras, against 2.3 GB with 2.9.1's CPU build; it runs on the CPU all the same.
 set -euo pipefail
 [[ $# -ge 1 ]] || { sed -n '2,13p' "$0" >&2; exit 2; }
 [[ $(id -u) -eq 0 ]] || { echo "$0: needs root (chroot, mount, binfmt_misc)" >&2; exit 2; }
@@ -27,7 +28,7 @@ ROOT=$(realpath -m "$1")
 shift
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 CPU=${QEMU_CPU:-max}
-TORCH=2.9.1
+TORCH=${TORCH:-2.13.0}
 
 if ! command -v debootstrap >/dev/null || [[ ! -e /usr/libexec/qemu-binfmt/aarch64-binfmt-P ]]; then
     apt-get install -y -q qemu-user-static binfmt-support debootstrap >/dev/null
@@ -87,8 +88,9 @@ chroot "$ROOT" /usr/bin/env -i HOME=/root PATH=/usr/bin:/bin LANG=C.UTF-8 QEMU_C
     PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_CERT=/etc/ssl/certs/ca-certificates.crt TORCH="$TORCH" /bin/bash -c '
     set -euo pipefail
     cd /root/bertlab
-    [[ -x /root/venv/bin/python ]] || python3 -m venv /root/venv
-    . /root/venv/bin/activate
+    venv=/root/venv-torch-$TORCH
+    [[ -x $venv/bin/python ]] || python3 -m venv "$venv"
+    . "$venv/bin/activate"
     pip install -q "torch==$TORCH" -e ".[test]"
     uname -m
     python -c "from bertlab.nn import cpu; p = cpu.current(); print(p.cpu_class, sorted(p.features.flags), \"int8:\", p.int8_kernel or p.int8_why)"

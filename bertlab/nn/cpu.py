@@ -88,8 +88,8 @@ instruction; what was measured where, natively or on a simulation: docs/performa
   On Arm (aarch64) PyTorch builds oneDNN's int8 kernels for Arm, and int8 takes ``onednn-u8``
   there, with 8-bit activations: its sums of the largest values were exact under emulation of
   four Arm CPUs, with and without SVE and dot-product instructions (docs/performance.md).
-  ``torch._int_mm``, which onednn-s8 calls, runs a plain loop there, not oneDNN. No Arm CPU
-  was at hand to time it on.
+  ``torch._int_mm``, which onednn-s8 calls, does not call oneDNN there (PyTorch 2.9.1 and
+  2.13.0). No Arm CPU was at hand to time it on.
   Weights are int8 per output channel and activations per token on every kernel.
   ``bertlab bench kernels --save`` measures the int8 model on each kernel that rounds the
   activations to as many levels as the class's (and stays as close to float32's embeddings) and
@@ -570,11 +570,11 @@ def int8_levels(kernel: str | None, f: Features) -> int:
     Without VNNI the x86 u8 kernels multiply with VPMADDUBSW, which adds two u8 x s8 products
     in 16 bits and saturates past 32,767; the activations enter shifted by the zero point L + 1,
     so a pair reaches 2 x 255 x 127 = 64,770 at L = 127 and 2 x 127 x 127 = 32,258 at L = 63.
-    oneDNN's aarch64 kernel summed the worst case exactly at L = 127 (tests/test_int8.py's
+    oneDNN's aarch64 kernel summed the worst case exactly at L = 127 (tests/test_precision.py's
     exactness test, run under emulation of four Arm CPUs: docs/performance.md)."""
     if kernel == "u8-avx2":  # (VPMADDUBSW on every CPU: int8_avx2.c)
         return 63
-    if kernel is not None and f.arch in ARM:  # oneDNN's aarch64 kernels sum in 32 bits
+    if kernel is not None and f.arch in ARM:  # oneDNN's aarch64 kernel: exact at 8 bits
         return 127
     if kernel in ("onednn-s8", "u8-vnni") or (kernel is not None and "avx512_vnni" in f.flags):
         return 127

@@ -48,7 +48,7 @@ _JIT_TRACING = torch.jit.is_tracing
 
 def exporting() -> bool:
     """True while torch.export or ONNX export traces the model. Where PyTorch keeps the flag
-    that torch.export sets, the flag is read: torch.compile of PyTorch 2.9 and earlier answers
+    that torch.export sets, the flag is read: torch.compile of PyTorch 2.9 (2.9.1) answers
     ``torch.compiler.is_exporting()`` with True anywhere it traces."""
     flag = getattr(torch.compiler, "_is_exporting_flag", None)
     if flag is not None:
