@@ -6,9 +6,9 @@ import torch
 from bertlab import BertConfig, BertModel
 from bertlab.nn.precision import int8_supported
 
-# int8 runs where this machine has a kernel for it (bertlab.nn.cpu: x86 from AVX2 up). Elsewhere
-# (Arm, x86 without AVX2) a test that needs it skips, naming what the CPU lacks; the refusal
-# itself is tested on simulated feature sets.
+# int8 runs where this machine has a kernel for it (bertlab.nn.cpu: x86 from AVX2 up, and Arm).
+# Elsewhere (x86 without AVX2) a test that needs it skips, naming what the CPU lacks; the
+# refusal itself is tested on simulated feature sets.
 needs_int8 = pytest.mark.skipif(
     int8_supported() is not None, reason=f"int8 does not run here: {int8_supported()}"
 )
@@ -52,3 +52,22 @@ def small_encoder(dtype, kernel="packed", head=None):
     mask[0, 21:] = 0
     mask[2, 4:] = 0
     return model, ids, mask
+
+
+def bundled_model_in_int8() -> tuple[torch.Tensor, torch.Tensor, torch.nn.Module]:
+    """The bundled model's sentence embeddings of 100 real SST-2 sentences in float32 and in
+    int8 (calibrated on 64 others, on the int8 kernel the policy names now), and the int8 copy."""
+    import bertlab
+    from bertlab.data import sample_sentences
+    from bertlab.files import resolve_model_dir
+    from bertlab.nn.precision import quantize_int8, text_batches
+    from bertlab.pipelines import pipeline
+
+    path = resolve_model_dir("default")
+    tokenizer = bertlab.BertTokenizer.from_pretrained(path)
+    model = bertlab.BertModel.from_pretrained(path).eval()
+    texts = sample_sentences(100, "sst2_dev.tsv")
+    reference = torch.as_tensor(pipeline("embed", model, tokenizer=tokenizer)(texts))
+    calibration = text_batches(tokenizer, sample_sentences(64, "sst2_train.tsv"))
+    q = quantize_int8(model, calibrate=calibration)
+    return reference, torch.as_tensor(pipeline("embed", q, tokenizer=tokenizer)(texts)), q

@@ -14,7 +14,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import small_encoder
+from helpers import bundled_model_in_int8, small_encoder
 
 from bertlab.nn import avx2, cpu, precision, products
 from bertlab.nn.precision import Int8Linear, quantize_int8
@@ -259,22 +259,9 @@ def test_the_model_on_its_own_kernel_runs_every_product_there_fused_close_to_flo
 def test_the_bundled_model_on_its_own_kernel_keeps_its_embeddings(monkeypatch, kernel):
     """Real SST-2 sentences through the bundled model, calibrated: the mean embedding cosine
     to float32 meets the issue's 0.995."""
-    import bertlab
-    from bertlab.data import sample_sentences
-    from bertlab.files import resolve_model_dir
-    from bertlab.nn.precision import text_batches
-    from bertlab.pipelines import pipeline
-
     on_u8(monkeypatch, kernel=kernel)
-    path = resolve_model_dir("default")
-    tokenizer = bertlab.BertTokenizer.from_pretrained(path)
-    model = bertlab.BertModel.from_pretrained(path).eval()
-    texts = sample_sentences(100, "sst2_dev.tsv")
-    reference = torch.as_tensor(pipeline("embed", model, tokenizer=tokenizer)(texts))
-    calibration = text_batches(tokenizer, sample_sentences(64, "sst2_train.tsv"))
     calls = spy(monkeypatch)
-    q = quantize_int8(model, calibrate=calibration)
-    got = torch.as_tensor(pipeline("embed", q, tokenizer=tokenizer)(texts))
+    reference, got, q = bundled_model_in_int8()
     assert calls and len(q.int8_report["int8"]) > 0
     cos = F.cosine_similarity(got, reference)
     assert cos.mean() >= 0.995 and (got - reference).abs().max() > 1e-4  # int8, not float32

@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from helpers import needs_int8
+from helpers import bundled_model_in_int8, needs_int8
 from torch._inductor import config as inductor_config
 
 from bertlab import BertConfig, BertForSequenceClassification, BertModel
@@ -118,20 +118,9 @@ def test_the_bundled_model_in_int8_on_this_cpus_kernel_keeps_its_embeddings():
     """Real SST-2 sentences through the bundled model, calibrated, on the int8 kernel the CPU's
     class takes (whichever it is, Arm's included): the mean embedding cosine to float32 meets
     the 0.995 of int8's quality rule."""
-    import bertlab
-    from bertlab.data import sample_sentences
-    from bertlab.files import resolve_model_dir
-    from bertlab.nn.precision import int8_kernel, text_batches
-    from bertlab.pipelines import pipeline
+    from bertlab.nn.precision import int8_kernel
 
-    path = resolve_model_dir("default")
-    tokenizer = bertlab.BertTokenizer.from_pretrained(path)
-    model = bertlab.BertModel.from_pretrained(path).eval()
-    texts = sample_sentences(100, "sst2_dev.tsv")
-    reference = torch.as_tensor(pipeline("embed", model, tokenizer=tokenizer)(texts))
-    calibration = text_batches(tokenizer, sample_sentences(64, "sst2_train.tsv"))
-    q = quantize_int8(model, calibrate=calibration)
-    got = torch.as_tensor(pipeline("embed", q, tokenizer=tokenizer)(texts))
+    reference, got, q = bundled_model_in_int8()
     assert len(q.int8_report["int8"]) > 0 and int8_kernel() in q.int8_report["kernel"]
     cos = torch.nn.functional.cosine_similarity(got, reference)
     assert cos.mean() >= 0.995 and (got - reference).abs().max() > 1e-4  # int8, not float32
