@@ -495,15 +495,8 @@ def _kernel_why(kernel: str, f: Features, cls: str) -> str | None:
     """Why ``kernel`` cannot run here (the instruction set or operator it lacks), or None."""
     if not f.x86 and not (kernel == "onednn-u8" and f.arch in ARM):
         return f"the {kernel} kernel runs on x86 CPUs; this one is {f.arch}"
-    if not f.x86:  # oneDNN's int8 kernels for aarch64, every one of which has Advanced SIMD
-        if f.onednn and _has_op("onednn", "qlinear_pointwise"):
-            return None
-        return (
-            f"PyTorch {torch.__version__} has no oneDNN int8 linear kernel (qlinear_pointwise), "
-            f"the only int8 kernel bertlab runs on {f.arch}"
-        )
     flags, name = NEEDS[kernel]
-    if not set(flags) <= f.flags:
+    if f.x86 and not set(flags) <= f.flags:  # (every aarch64 CPU has Advanced SIMD)
         return f"the {kernel} kernel needs {name}, which this CPU ({cls}) does not have" + (
             f" within {', '.join(f.limits)}" if f.limits else ""
         )
@@ -517,7 +510,10 @@ def _kernel_why(kernel: str, f: Features, cls: str) -> str | None:
     if kernel == "fbgemm-u8" and not f.fbgemm:
         return f"PyTorch {torch.__version__} has no fbgemm int8 linear kernel"
     if kernel == "onednn-u8" and not (f.onednn and _has_op("onednn", "qlinear_pointwise")):
-        return f"PyTorch {torch.__version__} has no oneDNN int8 linear kernel (qlinear_pointwise)"
+        return (
+            f"PyTorch {torch.__version__} has no oneDNN int8 linear kernel (qlinear_pointwise)"
+            + ("" if f.x86 else f", the only int8 kernel bertlab runs on {f.arch}")
+        )
     return None
 
 
