@@ -323,7 +323,12 @@ def test_the_metrics_page_counts_requests_batches_and_tokens(client):
     assert 'bertlab_requests_total{route="embed",status="200"}' in page
     assert 'bertlab_batch_tokens_bucket{model="minilm",le="+Inf"}' in page
     assert 'bertlab_queue_depth{model="minilm"} 0' in page
+    assert "\nbertlab_requests_in_flight 0\n" in page  # answered: none left in flight
     assert "# TYPE bertlab_request_seconds histogram" in page
+    # the serving guide names every metric the page has, and no other
+    guide = (Path(__file__).parents[1] / "docs/guides/serving.md").read_text()
+    named = set(re.findall(r"`(bertlab_[a-z_]+)`", guide))
+    assert named == set(re.findall(r"^# TYPE (bertlab_[a-z_]+) ", page, re.M))
 
 
 def test_responses_carry_their_timings(client):
@@ -623,8 +628,9 @@ def test_sigterm_finishes_admitted_requests_then_exits(folders):
     # one text after another. Eight of them are sent at once, 256 rows in all, so that the work
     # outlasts the polls by a wide margin whatever the machine (on a busy one the polls of
     # /metrics are slow, on a fast one the tiny model answers many rows between two). The signal
-    # comes once /metrics shows at least HELD rows still waiting: requests are in flight, with
-    # that many batches still to run
+    # comes once /metrics shows all eight requests admitted (a request whose connection the
+    # server has not yet read when the signal comes is refused, as it should be) and at least
+    # HELD rows still waiting: that many batches are still to run
     proc = _start([f"mlm={folders['mlm']}", "--max-batch-sequences", "1"], port)
     try:
         results = {}
@@ -632,28 +638,41 @@ def test_sigterm_finishes_admitted_requests_then_exits(folders):
 
         def ask(k):
             texts = [f"in flight {k} {i} " + "word " * 40 for i in range(32)]
-            results[k] = httpx.post(
-                f"http://127.0.0.1:{port}/embed", json={"inputs": texts}, timeout=120
-            )
+            try:
+                results[k] = httpx.post(
+                    f"http://127.0.0.1:{port}/embed", json={"inputs": texts}, timeout=120
+                )
+            except httpx.HTTPError as e:  # kept, so that the assertion below names it
+                results[k] = e
 
         threads = [threading.Thread(target=ask, args=(k,)) for k in range(requests)]
         for t in threads:
             t.start()
         waiting = re.compile(r'^bertlab_queue_depth\{model="mlm"\} (\d+)', re.M)
+        admitted = re.compile(r"^bertlab_requests_in_flight (\d+)", re.M)
         seen = []
         for _ in range(3000):
             page = httpx.get(f"http://127.0.0.1:{port}/metrics").text
-            seen.append(int(m.group(1)) if (m := waiting.search(page)) else None)
-            if seen[-1] is not None and seen[-1] >= held:
+            seen.append(
+                tuple(
+                    int(m.group(1)) if m else None
+                    for m in (admitted.search(page), waiting.search(page))
+                )
+            )
+            if seen[-1][0] == requests and (seen[-1][1] or 0) >= held:
                 break
             time.sleep(0.001)
         else:
-            pytest.fail(f"the requests never had {held} rows waiting; the polls saw {seen}")
+            pytest.fail(
+                f"the requests were never all admitted with {held} rows waiting; the polls saw "
+                f"(in flight, waiting): {seen}"
+            )
         proc.send_signal(signal.SIGTERM)
         for t in threads:
             t.join(120)
         assert sorted(results) == list(range(requests))
-        for r in results.values():
+        for k, r in results.items():
+            assert isinstance(r, httpx.Response), f"request {k}: {r!r}"
             assert r.status_code == 200, r.text
             assert len(r.json()) == 32 and len(r.json()[0]) == 64
         # uvicorn re-raises the signal once it has shut down: the conventional exit status.

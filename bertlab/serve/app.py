@@ -215,7 +215,10 @@ class Server:
         if config.compile and (why := Compiled.available()) is not None:
             raise RuntimeError(f"--compile: {why}")
         self.batchers: dict[str, Batcher] = {}
-        self.metrics = Metrics(lambda: {n: b.waiting() for n, b in self.batchers.items()})
+        self.inflight = 0  # requests admitted (past the limits) and not yet answered
+        self.metrics = Metrics(
+            lambda: {n: b.waiting() for n, b in self.batchers.items()}, lambda: self.inflight
+        )
         limits = Limits(
             config.max_batch_tokens, config.max_batch_sequences, config.max_wait_ms / 1e3
         )
@@ -226,7 +229,6 @@ class Server:
             self.batchers[name] = Batcher(load, limits, functools.partial(self.metrics.batch, name))
         self.models = {name: b.model for name, b in self.batchers.items()}
         self.pool = ThreadPoolExecutor(config.tokenizer_workers, thread_name_prefix="tokenize")
-        self.inflight = 0
         self.closing = False
 
     # ------------------------------------------------------------------ steps

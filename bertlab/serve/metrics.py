@@ -1,7 +1,7 @@
 """The server's Prometheus metrics, written in the text exposition format (version 0.0.4)
 without a client library: request counts by route and status, request latency histograms by
-route, the queue depth per model, batch sizes in tokens and sequences, and tokens computed (a
-counter: ``rate()`` of it is tokens/s)."""
+route, the requests in flight, the queue depth per model, batch sizes in tokens and sequences,
+and tokens computed (a counter: ``rate()`` of it is tokens/s)."""
 
 from __future__ import annotations
 
@@ -47,7 +47,9 @@ class Histogram:
 class Metrics:
     """What the server counts; ``render()`` is the /metrics page. Thread-safe."""
 
-    def __init__(self, queue_depth: Callable[[], dict[str, int]]):
+    def __init__(
+        self, queue_depth: Callable[[], dict[str, int]], in_flight: Callable[[], int] = lambda: 0
+    ):
         self._lock = threading.Lock()
         self.requests: dict[tuple, int] = defaultdict(int)
         self.latency = Histogram(LATENCY_BUCKETS)
@@ -56,6 +58,7 @@ class Metrics:
         self.tokens: dict[tuple, int] = defaultdict(int)
         self.inference_seconds: dict[tuple, float] = defaultdict(float)
         self.queue_depth = queue_depth
+        self.in_flight = in_flight
 
     def request(self, route: str, status: int, seconds: float) -> None:
         with self._lock:
@@ -99,6 +102,9 @@ class Metrics:
                 ),
             ]
         lines += [
+            "# HELP bertlab_requests_in_flight Requests admitted and not yet answered.",
+            "# TYPE bertlab_requests_in_flight gauge",
+            f"bertlab_requests_in_flight {self.in_flight()}",
             "# HELP bertlab_queue_depth Sequences waiting for a batch, by model.",
             "# TYPE bertlab_queue_depth gauge",
             *(f'bertlab_queue_depth{{model="{m}"}} {n}' for m, n in self.queue_depth().items()),
