@@ -625,22 +625,24 @@ def test_sigterm_finishes_admitted_requests_then_exits(folders):
 
     port = _port()
     # batches of one sequence: requests of 32 texts (the most a request may hold) are computed
-    # one text after another. Eight of them are sent at once, 256 rows in all, so that the work
-    # outlasts the polls by a wide margin whatever the machine (on a busy one the polls of
-    # /metrics are slow, on a fast one the tiny model answers many rows between two). The signal
-    # comes once /metrics shows all eight requests admitted (a request whose connection the
-    # server has not yet read when the signal comes is refused, as it should be) and at least
-    # HELD rows still waiting: that many batches are still to run
+    # one window after another. Eight of them are sent at once, each text split into five
+    # windows (1,280 rows in all), so that the work outlasts the polls by a wide margin whatever
+    # the machine: on a busy one the polls of /metrics are slow, and 256 rows were once answered
+    # within four of them. The signal comes once /metrics shows all eight requests admitted (a
+    # request whose connection the server has not yet read when the signal comes is refused, as
+    # it should be) and at least HELD rows still waiting: that many batches are still to run
     proc = _start([f"mlm={folders['mlm']}", "--max-batch-sequences", "1"], port)
     try:
         results = {}
         requests, held = 8, 64
 
         def ask(k):
-            texts = [f"in flight {k} {i} " + "word " * 40 for i in range(32)]
+            texts = [f"in flight {k} {i} " + "word " * 300 for i in range(32)]
             try:
                 results[k] = httpx.post(
-                    f"http://127.0.0.1:{port}/embed", json={"inputs": texts}, timeout=120
+                    f"http://127.0.0.1:{port}/embed",
+                    json={"inputs": texts, "windows": True},
+                    timeout=120,
                 )
             except httpx.HTTPError as e:  # kept, so that the assertion below names it
                 results[k] = e
@@ -664,8 +666,8 @@ def test_sigterm_finishes_admitted_requests_then_exits(folders):
             time.sleep(0.001)
         else:
             pytest.fail(
-                f"the requests were never all admitted with {held} rows waiting; the polls saw "
-                f"(in flight, waiting): {seen}"
+                f"the requests were never all admitted with {held} rows waiting; {len(seen)} "
+                f"polls saw (in flight, waiting) {seen[:20]}, ..., {seen[-3:]}"
             )
         proc.send_signal(signal.SIGTERM)
         for t in threads:
@@ -675,6 +677,7 @@ def test_sigterm_finishes_admitted_requests_then_exits(folders):
             assert isinstance(r, httpx.Response), f"request {k}: {r!r}"
             assert r.status_code == 200, r.text
             assert len(r.json()) == 32 and len(r.json()[0]) == 64
+            assert r.headers["x-windows"].startswith("0:5,")  # text 0 in five windows
         # uvicorn re-raises the signal once it has shut down: the conventional exit status.
         assert proc.wait(30) in (0, -signal.SIGTERM)
     finally:
