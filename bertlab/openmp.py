@@ -26,6 +26,11 @@ It is a default, never an override: nothing is set when the environment already 
 when torch was imported before bertlab, since libgomp has then read its settings already.
 ``WAIT`` says which of these holds. Processes started from this one inherit the setting.
 Other OpenMP runtimes (LLVM's, Intel's) ignore the variable.
+
+The spin bounds what a waiting thread takes from a busy neighbour; what a thread that is off
+its core costs the others (they wait for it at the end of each parallel loop) is bounded by
+bertlab's own kernels themselves, which run a sentence's calls on fewer threads while that
+happens (bertlab/nn/team.c).
 """
 
 from __future__ import annotations

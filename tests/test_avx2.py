@@ -704,3 +704,103 @@ def test_the_embeddings_run_on_the_kernel_where_the_policy_says_and_only_then(mo
     with torch.inference_mode():
         model(ids, mask)
     assert len(calls) == 2
+
+
+# ============================================================================ the team (team.c)
+LATE_NS = 300_000  # team.c's LATE
+CALL_NS = 1_000_000  # a call of 1 ms: LATE is more than a quarter of it (team.c's SHARE)
+SHORT_CALL = 21  # rows: a short sentence (team.c's SHORT: 64)
+
+
+def _waited(*ns):
+    import ctypes
+
+    return (ctypes.c_int64 * len(ns))(*ns)
+
+
+@needs_kernel
+def test_a_call_kept_waiting_by_a_thread_off_its_core_holds_the_team_back_then_tries_again():
+    """team.c: after two calls in a row where a thread waited LATE or more at a barrier (and a
+    quarter of the call), the next short calls take as many threads as waited (the others were
+    off their cores), for 16 calls, then 32 after the next late call; a call whose team arrived
+    in time ends that. A call of more than 64 rows (a batch's) always takes the whole team."""
+    f = avx2._kernels()
+    avx2.adaptive_team(True)  # (clears any hold the tests before left)
+    try:
+        assert f.team(2, SHORT_CALL) == 2 and f.team(1, SHORT_CALL) == 1
+        f.team_waited(_waited(LATE_NS - 1, 0), 2, CALL_NS)  # in time: nothing changes
+        assert f.team(2, SHORT_CALL) == 2
+        f.team_waited(_waited(2_000_000, 0), 2, 10_000_000)  # a fifth of a long call: in time
+        assert f.team(2, SHORT_CALL) == 2
+        f.team_waited(_waited(LATE_NS, 0), 2, CALL_NS)  # thread 0 waited for thread 1
+        assert (
+            f.team(2, SHORT_CALL) == 2
+        )  # (once may be the host's interruption of a virtual machine)
+        f.team_waited(_waited(LATE_NS, 0), 2, CALL_NS)  # twice in a row: held back
+        assert [f.team(2, SHORT_CALL) for _ in range(16)] == [1] * 16
+        assert f.team(2, SHORT_CALL) == 2  # tried again
+        f.team_waited(_waited(0, LATE_NS * 3), 2, CALL_NS)  # late again: twice as long
+        assert [f.team(2, SHORT_CALL) for _ in range(32)] == [1] * 32 and f.team(2, SHORT_CALL) == 2
+        f.team_waited(_waited(5_000, 20_000), 2, CALL_NS)  # in time: the next hold is 16 again
+        for _ in range(2):
+            f.team_waited(_waited(LATE_NS, LATE_NS, LATE_NS, 0), 4, CALL_NS)  # 3 waited for a 4th
+        assert [f.team(4, SHORT_CALL) for _ in range(16)] == [3] * 16 and f.team(4, SHORT_CALL) == 4
+        assert f.team(2, SHORT_CALL) == 2
+        f.team_waited(_waited(LATE_NS, 0), 2, CALL_NS)
+        for _ in range(2):
+            f.team_waited(_waited(LATE_NS, 0), 2, CALL_NS)
+        assert f.team(2, 65) == 2  # a batch's rows: never held back
+        assert f.team(2, SHORT_CALL) == 1
+        assert avx2.adaptive_team(False) is True  # off: every call takes its threads
+        for _ in range(2):
+            f.team_waited(_waited(LATE_NS, 0), 2, CALL_NS)
+        assert [f.team(2, SHORT_CALL) for _ in range(20)] == [2] * 20
+        assert avx2.adaptive_team() is False
+    finally:
+        avx2.adaptive_team(True)
+
+
+@needs_kernel
+def test_a_held_back_team_gives_the_same_bits():
+    """Whatever team a call takes, each output is one thread's sum in one order."""
+    x, w, b, add = weights(50, 384, 1152)
+    panels = avx2.pack(w)
+    norm = avx2.Norm(torch.randn(1152), torch.randn(1152), 1e-12)
+    scale = w.abs().amax(1) / 127
+    layer = avx2.pack_int8((w / scale[:, None]).round().to(torch.int8), scale, b, 63)
+    f = avx2._kernels()
+    threads = torch.get_num_threads()
+    avx2.adaptive_team(True)
+    try:
+        torch.set_num_threads(2)
+        whole = avx2.product(x, panels, b, 1152, add, norm=norm), avx2.qproduct(x, layer)
+        for _ in range(2):  # the next 16 calls on one thread
+            f.team_waited(_waited(LATE_NS, 0), 2, CALL_NS)
+        held = avx2.product(x, panels, b, 1152, add, norm=norm), avx2.qproduct(x, layer)
+        assert f.team(2, SHORT_CALL) == 1  # (still held: the two calls above ran on one thread)
+    finally:
+        avx2.adaptive_team(True)
+        torch.set_num_threads(threads)
+    assert all(torch.equal(a, b) for a, b in zip(whole, held, strict=True))
+
+
+def test_the_activation_after_a_kernel_runs_with_mkls_threads_at_one_then_as_before():
+    """avx2.vector_math_alone: MKL's thread-local count (which torch.set_num_threads sets) is 1
+    while the operation runs, and what it was afterwards (also when the operation raises)."""
+    local = avx2._mkl_local()
+    if local is None:
+        pytest.skip("this PyTorch has no MKL inside libtorch_cpu (MKL_Set_Num_Threads_Local)")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    was = local(5)  # a count to find again (MKL_Set_Num_Threads_Local returns the one before)
+    try:
+        seen = []
+        y = avx2.vector_math_alone(torch.zeros(3), lambda t: seen.append(local(1)) or t.tanh())
+        assert seen == [1] and torch.equal(y, torch.zeros(3))
+        assert local(5) == 5  # set back
+        with pytest.raises(ZeroDivisionError):
+            avx2.vector_math_alone(torch.zeros(1), lambda t: 1 / 0)
+        assert local(5) == 5
+    finally:
+        local(was)
+        torch.set_num_threads(threads)

@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "avx2_math.h"
+#include "team.h"
 
 /* The scores of R queries (1 or 2) against W registers of 8 keys (1 to 4) from key j:
    s_r[j..j+8W) = q_r . k * scale, W x R sums in registers while the queries' d values are
@@ -133,16 +134,22 @@ int bertlab_attention(const float *q, int64_t ldq, const float *k, int64_t ldk, 
   for (int64_t b = 0; b < count; b++)
     if (starts[b + 1] < starts[b] || starts[b + 1] - starts[b] > longest) return -1;
   const int64_t tp = (longest + 31) / 32 * 32;
-#pragma omp parallel num_threads(threads)
+  const int team = bertlab_team(threads, rows);
+  int64_t waited[team];
+  for (int i = 0; i < team; i++) waited[i] = 0;
+  const int64_t start = bertlab_now();
+#pragma omp parallel num_threads(team)
   {
     float *kt = scratch + omp_get_thread_num() * (d + 2) * tp;
-#pragma omp for schedule(dynamic)
+#pragma omp for schedule(dynamic) nowait
     for (int64_t task = 0; task < count * heads; task++) {
       const int64_t b = task / heads, h = task % heads, first = starts[b];
       one_head(q + first * ldq + h * d, ldq, k + first * ldk + h * d, ldk, v + first * ldv + h * d,
                ldv, out + first * ldo + h * d, ldo, starts[b + 1] - first, d, scale, kt,
                kt + tp * d);
     }
+    BERTLAB_WAIT(waited);
   }
+  bertlab_team_waited(waited, team, bertlab_now() - start);
   return 0;
 }

@@ -47,6 +47,13 @@ sitting:
 
 None depends on the thread count: each output is computed by one thread, in one order.
 
+How many threads a call takes is team.c's: all of ``torch.get_num_threads()``, or, for a call
+of one sentence's rows (at most 64) made a while after calls where a thread waited long at a
+barrier for one that was off its core (beside busy processes), only those that were on theirs
+(``adaptive_team`` turns that off). PyTorch's
+activation after a product (a pooler's tanh) runs with MKL's own threads at 1
+(``vector_math_alone``): MKL would open a parallel region for a few hundred values.
+
 They are compiled once with the system's C compiler (``CC``, else ``cc``) into one library in
 ``$XDG_CACHE_HOME/bertlab/kernels`` (else ``~/.cache/bertlab/kernels``; a fresh private
 temporary folder if that cannot be written), named by a hash of the sources and flags, written
@@ -92,9 +99,11 @@ from bertlab.nn.packing import own_program, tracing
 PANEL = 16  # output columns a panel holds (two AVX2 registers of 8 floats)
 SOURCES = tuple(
     Path(__file__).with_name(name)
-    for name in ("sgemm_avx2.c", "attention_avx2.c", "int8_avx2.c", "embeddings_avx2.c")
+    for name in ("sgemm_avx2.c", "attention_avx2.c", "int8_avx2.c", "embeddings_avx2.c", "team.c")
 )
-HEADER = Path(__file__).with_name("avx2_math.h")  # e^x, GELU and the layer norm, included by all
+HEADERS = tuple(  # e^x, GELU and the layer norm, included by all; how many threads a call takes
+    Path(__file__).with_name(name) for name in ("avx2_math.h", "team.h")
+)
 ATTENTION_TOKENS = 64  # the longest sequence ``attention`` is given. Against PyTorch's kernel
 # (benchmarks/harness/attention_small.py, 12 heads of 32, 2 threads): up to 64 tokens it took
 # 0.46-0.64x the time on one sequence and 0.30-0.50x on 32; from 80 to 128 tokens one run gave
@@ -521,6 +530,53 @@ def embed(
     return out
 
 
+def adaptive_team(on: bool | None = None) -> bool:
+    """Whether a call of the kernels takes fewer of PyTorch's threads for a while after some of
+    them were found off their cores (team.c; on by default). ``on``: set it, clearing any hold
+    under way (``False``: every call takes all its threads, as a plain OpenMP loop does). Returns
+    the setting before. The first call loads the kernels (RuntimeError where they cannot run)."""
+    functions = _kernels()
+    if on is None:
+        before = functions.team_adapt(1)
+        functions.team_adapt(before)
+        return bool(before)
+    return bool(functions.team_adapt(int(on)))
+
+
+_MKL_LOCAL: list[Any] = []  # [MKL's MKL_Set_Num_Threads_Local, or None], once a process
+
+
+def vector_math_alone(y: torch.Tensor, op: Any, *args: Any) -> torch.Tensor:
+    """``op(y, *args)``, PyTorch's operations after a kernel (a pooler's tanh), with MKL's own
+    threads held at 1 on this thread meanwhile. PyTorch hands a small tensor's tanh (below 2,048
+    values) whole to MKL's vector math, which opens a parallel region of every thread even for
+    384 values: one region a sentence, whose barrier waits a time slice for a thread that is
+    off its core (team.c). Where PyTorch has no MKL inside (libtorch_cpu without its symbols:
+    Arm, some builds), and while a program is traced, ``op`` runs as it is."""
+    if not _MKL_LOCAL:
+        _MKL_LOCAL.append(_mkl_local())
+    local = _MKL_LOCAL[0]
+    if local is None or tracing() or torch.get_num_threads() == 1:
+        return op(y, *args)
+    before = local(1)
+    try:
+        return op(y, *args)
+    finally:
+        local(before)
+
+
+def _mkl_local() -> Any:
+    """MKL_Set_Num_Threads_Local (by value: the C form) where PyTorch links MKL into
+    libtorch_cpu, else None."""
+    path = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
+    try:
+        function = ctypes.CDLL(str(path)).MKL_Set_Num_Threads_Local
+    except (OSError, AttributeError):
+        return None
+    function.argtypes, function.restype = [ctypes.c_int], ctypes.c_int
+    return function
+
+
 def _kernels() -> Any:
     """The loaded library's functions (``.sgemm``, ``.attention``); RuntimeError where they
     cannot run here."""
@@ -600,7 +656,7 @@ def _compile(command: list[str], target: Path, sources: tuple[Path, ...]) -> str
 def _build_and_load() -> object:
     """The loaded library's functions, or why they could not be built or loaded (a string)."""
     compiler = _compiler()
-    sources = b"".join(source.read_bytes() for source in (*SOURCES, HEADER))
+    sources = b"".join(source.read_bytes() for source in (*SOURCES, *HEADERS))
     digest = hashlib.sha256(sources + " ".join((compiler, *FLAGS)).encode()).hexdigest()[:16]
     built, why = None, "no folder to build it in could be written"
     for folder in _cache_dirs():
@@ -647,8 +703,13 @@ def _build_and_load() -> object:
     embed.argtypes = [ptr, ptr, ptr, i64, i64, ptr, i64, ptr, i64, ptr, i64, ptr, ptr, f32, ptr,
                       i32]  # fmt: skip
     embed.restype = ctypes.c_int
+    team, waited, adapt = lib.bertlab_team, lib.bertlab_team_waited, lib.bertlab_team_adapt
+    team.argtypes, team.restype = [i32, i64], ctypes.c_int
+    waited.argtypes, waited.restype = [ctypes.POINTER(i64), i32, i64], None
+    adapt.argtypes, adapt.restype = [i32], ctypes.c_int
     return SimpleNamespace(sgemm=sgemm, attention=attend, qgemm=qgemm, quantize=rounding,
-                           dequantize=back, embed=embed, path=built)  # fmt: skip
+                           dequantize=back, embed=embed, team=team, team_waited=waited,
+                           team_adapt=adapt, path=built)  # fmt: skip
 
 
 # ============================================================================ as operators

@@ -39,11 +39,13 @@
 
 #include <float.h>
 #include <immintrin.h>
+#include <omp.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "avx2_math.h"
+#include "team.h"
 
 #define PANEL 16
 #define ROWS 6
@@ -313,13 +315,17 @@ int bertlab_qgemm(const float *a, int64_t m, int64_t k, const float *unsmooth, i
   if (vnni && !(__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl")))
     return -2;
   const int64_t kp = (k + 3) / 4 * 4, count = (n + PANEL - 1) / PANEL;
-#pragma omp parallel num_threads(threads)
+  const int team = bertlab_team(threads, m);
+  int64_t waited[team];
+  for (int i = 0; i < team; i++) waited[i] = 0;
+  const int64_t start = bertlab_now();
+#pragma omp parallel num_threads(team)
   {
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) nowait
     for (int64_t r = 0; r < m; r++)
       quantize(a + r * k, k, unsmooth, levels, qa + r * kp, kp, ascale + r);
-    /* (the loop's barrier: every row is rounded before any panel reads it) */
-#pragma omp for schedule(static)
+    BERTLAB_WAIT(waited); /* every row is rounded before any panel reads it */
+#pragma omp for schedule(static) nowait
     for (int64_t p = 0; p < count; p++) {
       const int8_t *panel = panels + p * kp * PANEL;
       const int64_t col = p * PANEL;
@@ -340,10 +346,13 @@ int bertlab_qgemm(const float *a, int64_t m, int64_t k, const float *unsmooth, i
                   wscale + col, bias ? bias + col : 0, gelu, plus, c + row * n + col, n);
       }
     }
-    if (lnw) { /* (after the loop's barrier: every row is whole) */
-#pragma omp for schedule(static)
+    BERTLAB_WAIT(waited); /* every row is whole before it is normalized */
+    if (lnw) {
+#pragma omp for schedule(static) nowait
       for (int64_t r = 0; r < m; r++) layer_norm_row(c + r * n, n, lnw, lnb, eps);
+      BERTLAB_WAIT(waited);
     }
   }
+  bertlab_team_waited(waited, team, bertlab_now() - start);
   return 0;
 }

@@ -420,8 +420,9 @@ def _fused(
             y = kernel(*args, None, True, inside)
         else:  # (the sum comes after the activation: the norm too)
             y, inside = kernel(*args, None, True, None).add_(residual), None
-    else:
-        y, inside = _epilogue(kernel(*args, None, False, None), act, residual), None
+    else:  # (PyTorch's activation after the kernel: its vector math on this thread alone)
+        y = avx2.vector_math_alone(kernel(*args, None, False, None), _epilogue, act, residual)
+        inside = None
     return y if norm is None or inside is not None else norm(y)
 
 

@@ -31,9 +31,11 @@
            alone, called only where the CPU reports it (else -2, nothing written). */
 
 #include <immintrin.h>
+#include <omp.h>
 #include <stdint.h>
 
 #include "avx2_math.h"
+#include "team.h"
 
 #define PANEL 16
 /* The most rows of a block. The m rows go through in the fewest blocks of at most ROWS, their
@@ -163,9 +165,13 @@ int bertlab_sgemm(const float *a, int64_t m, int64_t k, const float *panels, int
                   const float *lnb, float eps, float *c, int wide, int threads) {
   if (wide && !__builtin_cpu_supports("avx512f")) return -2;
   const int64_t count = (n + PANEL - 1) / PANEL;
-#pragma omp parallel num_threads(threads)
+  const int team = bertlab_team(threads, m);
+  int64_t waited[team];
+  for (int i = 0; i < team; i++) waited[i] = 0;
+  const int64_t start = bertlab_now();
+#pragma omp parallel num_threads(team)
   {
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) nowait
     for (int64_t p = 0; p < count; p++) {
       const float *panel = panels + p * k * PANEL;
       const int64_t col = p * PANEL;
@@ -190,11 +196,13 @@ int bertlab_sgemm(const float *a, int64_t m, int64_t k, const float *panels, int
                   c + row * n + col, n);
       }
     }
-    /* (the loop's barrier: every row is whole before it is normalized) */
+    BERTLAB_WAIT(waited); /* every row is whole before it is normalized */
     if (lnw) {
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) nowait
       for (int64_t r = 0; r < m; r++) layer_norm_row(c + r * n, n, lnw, lnb, eps);
+      BERTLAB_WAIT(waited);
     }
   }
+  bertlab_team_waited(waited, team, bertlab_now() - start);
   return 0;
 }
