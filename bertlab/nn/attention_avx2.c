@@ -134,11 +134,9 @@ int bertlab_attention(const float *q, int64_t ldq, const float *k, int64_t ldk, 
   for (int64_t b = 0; b < count; b++)
     if (starts[b + 1] < starts[b] || starts[b + 1] - starts[b] > longest) return -1;
   const int64_t tp = (longest + 31) / 32 * 32;
-  const int team = bertlab_team(threads, rows);
-  int64_t waited[team];
-  for (int i = 0; i < team; i++) waited[i] = 0;
-  const int64_t start = bertlab_now();
-#pragma omp parallel num_threads(team)
+  struct bertlab_team team;
+  bertlab_team_begin(&team, threads, rows);
+#pragma omp parallel num_threads(team.size)
   {
     float *kt = scratch + omp_get_thread_num() * (d + 2) * tp;
 #pragma omp for schedule(dynamic) nowait
@@ -148,8 +146,8 @@ int bertlab_attention(const float *q, int64_t ldq, const float *k, int64_t ldk, 
                ldv, out + first * ldo + h * d, ldo, starts[b + 1] - first, d, scale, kt,
                kt + tp * d);
     }
-    BERTLAB_WAIT(waited);
+    BERTLAB_WAIT(team);
   }
-  bertlab_team_waited(waited, team, bertlab_now() - start);
+  bertlab_team_end(&team);
   return 0;
 }

@@ -30,12 +30,12 @@
    into 32 bits, where nothing saturates, so L may be 127 (bytes 1..255).
 
    The rounding is done once for all rows, then each thread takes whole panels (OpenMP,
-   PyTorch's own runtime: avx2.py checks that one libgomp is loaded). For each panel the rows go
-   through in blocks of up to 6 (with VNNI, 10: below), as even as can be: 6 rows x 16 columns
-   of sums stay in 12 registers while the inputs stream past, each step of 4 inputs one pair of
-   panel loads, 6 broadcasts and 12 of each of VPMADDUBSW, VPMADDWD and VPADDD (or 12
-   VPDPBUSD), and the panel (6 KiB at k = 384) stays in the core's cache. No load or store
-   needs aligned memory. */
+   PyTorch's own runtime: avx2.py checks that one libgomp is loaded; how many threads: team.c).
+   For each panel the rows go through in blocks of up to 6 (with VNNI, 10: below), as even as
+   can be: 6 rows x 16 columns of sums stay in 12 registers while the inputs stream past, each
+   step of 4 inputs one pair of panel loads, 6 broadcasts and 12 of each of VPMADDUBSW, VPMADDWD
+   and VPADDD (or 12 VPDPBUSD), and the panel (6 KiB at k = 384) stays in the core's cache. No
+   load or store needs aligned memory. */
 
 #include <float.h>
 #include <immintrin.h>
@@ -315,16 +315,14 @@ int bertlab_qgemm(const float *a, int64_t m, int64_t k, const float *unsmooth, i
   if (vnni && !(__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl")))
     return -2;
   const int64_t kp = (k + 3) / 4 * 4, count = (n + PANEL - 1) / PANEL;
-  const int team = bertlab_team(threads, m);
-  int64_t waited[team];
-  for (int i = 0; i < team; i++) waited[i] = 0;
-  const int64_t start = bertlab_now();
-#pragma omp parallel num_threads(team)
+  struct bertlab_team team;
+  bertlab_team_begin(&team, threads, m);
+#pragma omp parallel num_threads(team.size)
   {
 #pragma omp for schedule(static) nowait
     for (int64_t r = 0; r < m; r++)
       quantize(a + r * k, k, unsmooth, levels, qa + r * kp, kp, ascale + r);
-    BERTLAB_WAIT(waited); /* every row is rounded before any panel reads it */
+    BERTLAB_WAIT(team); /* every row is rounded before any panel reads it */
 #pragma omp for schedule(static) nowait
     for (int64_t p = 0; p < count; p++) {
       const int8_t *panel = panels + p * kp * PANEL;
@@ -346,13 +344,13 @@ int bertlab_qgemm(const float *a, int64_t m, int64_t k, const float *unsmooth, i
                   wscale + col, bias ? bias + col : 0, gelu, plus, c + row * n + col, n);
       }
     }
-    BERTLAB_WAIT(waited); /* every row is whole before it is normalized */
+    BERTLAB_WAIT(team); /* every row is whole before it is normalized */
     if (lnw) {
 #pragma omp for schedule(static) nowait
       for (int64_t r = 0; r < m; r++) layer_norm_row(c + r * n, n, lnw, lnb, eps);
-      BERTLAB_WAIT(waited);
+      BERTLAB_WAIT(team);
     }
   }
-  bertlab_team_waited(waited, team, bertlab_now() - start);
+  bertlab_team_end(&team);
   return 0;
 }

@@ -14,13 +14,14 @@
    c       (m, n) row-major: the output
 
    Each thread takes whole panels (OpenMP, PyTorch's own runtime: avx2.py checks that one
-   libgomp is loaded). For each panel, the rows go through in blocks of up to 6 (ROWS): 6
-   rows x 16 columns of sums stay in 12 AVX2 registers while the k inputs stream past, each step
-   one pair of panel loads, 6 broadcasts of an input and 12 fused multiply-adds. The panel (k x
-   16 floats: 24 KiB at k = 384) stays in the core's cache while the row blocks pass over it, and
-   the weights are read from memory once a product, each panel while the one before is computed.
-   Each output sums its k terms in order, from zero, then adds the bias. No load or store needs
-   aligned memory (a tensor's data may start anywhere).
+   libgomp is loaded; how many threads a call takes: team.c). For each panel, the rows go
+   through in blocks of up to 6 (ROWS): 6 rows x 16 columns of sums stay in 12 AVX2 registers
+   while the k inputs stream past, each step one pair of panel loads, 6 broadcasts of an input
+   and 12 fused multiply-adds. The panel (k x 16 floats: 24 KiB at k = 384) stays in the core's
+   cache while the row blocks pass over it, and the weights are read from memory once a product,
+   each panel while the one before is computed. Each output sums its k terms in order, from
+   zero, then adds the bias. No load or store needs aligned memory (a tensor's data may start
+   anywhere).
 
    wide    nonzero (sgemm-avx512, chosen on AMD's Zen 4): the full panels go through in blocks of
            up to 10 rows (WIDE_ROWS) x 16 columns with AVX-512F, one 512-bit register of sums a
@@ -165,11 +166,9 @@ int bertlab_sgemm(const float *a, int64_t m, int64_t k, const float *panels, int
                   const float *lnb, float eps, float *c, int wide, int threads) {
   if (wide && !__builtin_cpu_supports("avx512f")) return -2;
   const int64_t count = (n + PANEL - 1) / PANEL;
-  const int team = bertlab_team(threads, m);
-  int64_t waited[team];
-  for (int i = 0; i < team; i++) waited[i] = 0;
-  const int64_t start = bertlab_now();
-#pragma omp parallel num_threads(team)
+  struct bertlab_team team;
+  bertlab_team_begin(&team, threads, m);
+#pragma omp parallel num_threads(team.size)
   {
 #pragma omp for schedule(static) nowait
     for (int64_t p = 0; p < count; p++) {
@@ -196,13 +195,13 @@ int bertlab_sgemm(const float *a, int64_t m, int64_t k, const float *panels, int
                   c + row * n + col, n);
       }
     }
-    BERTLAB_WAIT(waited); /* every row is whole before it is normalized */
+    BERTLAB_WAIT(team); /* every row is whole before it is normalized */
     if (lnw) {
 #pragma omp for schedule(static) nowait
       for (int64_t r = 0; r < m; r++) layer_norm_row(c + r * n, n, lnw, lnb, eps);
-      BERTLAB_WAIT(waited);
+      BERTLAB_WAIT(team);
     }
   }
-  bertlab_team_waited(waited, team, bertlab_now() - start);
+  bertlab_team_end(&team);
   return 0;
 }
