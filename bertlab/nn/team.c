@@ -43,7 +43,7 @@ static _Atomic int adaptive = 1; /* 0: every call takes the whole team (bertlab_
 static _Atomic int hold;     /* calls left to run on fewer threads */
 static _Atomic int held;     /* the length of the last hold; 0: the team was last in time */
 static _Atomic int in_time;  /* the threads of the last late call that waited for the others */
-static _Atomic int strikes;  /* late calls in a row */
+static _Atomic int was_late; /* 1: the call before this one was late */
 
 int bertlab_team(int threads, int64_t rows) {
   if (threads <= 1) return 1;
@@ -63,10 +63,10 @@ void bertlab_team_waited(const int64_t *waited, int team, int64_t took) {
   for (int i = 0; i < team; i++) punctual += waited[i] >= late;
   if (!punctual) {
     atomic_store_explicit(&held, 0, memory_order_relaxed);
-    atomic_store_explicit(&strikes, 0, memory_order_relaxed);
+    atomic_store_explicit(&was_late, 0, memory_order_relaxed);
     return;
   }
-  if (atomic_fetch_add_explicit(&strikes, 1, memory_order_relaxed) < 1) return;
+  if (!atomic_exchange_explicit(&was_late, 1, memory_order_relaxed)) return; /* (the first) */
   const int before = atomic_load_explicit(&held, memory_order_relaxed);
   const int next = before <= 0 ? HOLD_FIRST : before >= HOLD_MOST / 2 ? HOLD_MOST : 2 * before;
   atomic_store_explicit(&in_time, punctual, memory_order_relaxed);
@@ -79,7 +79,7 @@ void bertlab_team_waited(const int64_t *waited, int team, int64_t took) {
    before, and clears any hold. */
 int bertlab_team_adapt(int on) {
   atomic_store_explicit(&hold, 0, memory_order_relaxed);
-  atomic_store_explicit(&strikes, 0, memory_order_relaxed);
+  atomic_store_explicit(&was_late, 0, memory_order_relaxed);
   atomic_store_explicit(&held, 0, memory_order_relaxed);
   return atomic_exchange(&adaptive, on != 0);
 }
