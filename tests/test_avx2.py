@@ -755,7 +755,7 @@ def test_a_call_kept_waiting_by_a_thread_off_its_core_holds_the_team_back_then_t
         for _ in range(2):
             f.team_waited(_waited(LATE_NS, 0), 2, CALL_NS)
         assert [f.team(2, SHORT_CALL) for _ in range(20)] == [2] * 20
-        assert avx2.adaptive_team() is False
+        assert avx2.adaptive_team(False) is False
     finally:
         avx2.adaptive_team(True)
 

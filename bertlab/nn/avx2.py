@@ -50,9 +50,9 @@ None depends on the thread count: each output is computed by one thread, in one 
 How many threads a call takes is team.c's: all of ``torch.get_num_threads()``, or, for a call
 of one sentence's rows (at most 64) made a while after calls where a thread waited long at a
 barrier for one that was off its core (beside busy processes), only those that were on theirs
-(``adaptive_team`` turns that off). PyTorch's
-activation after a product (a pooler's tanh) runs with MKL's own threads at 1
-(``vector_math_alone``): MKL would open a parallel region for a few hundred values.
+(``adaptive_team`` turns that off). PyTorch's activation after a product (a pooler's tanh) runs
+with MKL's own threads at 1 (``vector_math_alone``): MKL would open a parallel region for a few
+hundred values.
 
 They are compiled once with the system's C compiler (``CC``, else ``cc``) into one library in
 ``$XDG_CACHE_HOME/bertlab/kernels`` (else ``~/.cache/bertlab/kernels``; a fresh private
@@ -79,6 +79,7 @@ products, attention stays on PyTorch's kernel, and int8 takes the policy's fallb
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import math
 import os
@@ -530,20 +531,12 @@ def embed(
     return out
 
 
-def adaptive_team(on: bool | None = None) -> bool:
+def adaptive_team(on: bool) -> bool:
     """Whether a call of the kernels takes fewer of PyTorch's threads for a while after some of
-    them were found off their cores (team.c; on by default). ``on``: set it, clearing any hold
-    under way (``False``: every call takes all its threads, as a plain OpenMP loop does). Returns
+    them were found off their cores (team.c; on by default): set it, clearing any hold under
+    way (``False``: every call takes all its threads, as a plain OpenMP loop does), and return
     the setting before. The first call loads the kernels (RuntimeError where they cannot run)."""
-    functions = _kernels()
-    if on is None:
-        before = functions.team_adapt(1)
-        functions.team_adapt(before)
-        return bool(before)
-    return bool(functions.team_adapt(int(on)))
-
-
-_MKL_LOCAL: list[Any] = []  # [MKL's MKL_Set_Num_Threads_Local, or None], once a process
+    return bool(_kernels().team_adapt(int(on)))
 
 
 def vector_math_alone(y: torch.Tensor, op: Any, *args: Any) -> torch.Tensor:
@@ -553,9 +546,7 @@ def vector_math_alone(y: torch.Tensor, op: Any, *args: Any) -> torch.Tensor:
     384 values: one region a sentence, whose barrier waits a time slice for a thread that is
     off its core (team.c). Where PyTorch has no MKL inside (libtorch_cpu without its symbols:
     Arm, some builds), and while a program is traced, ``op`` runs as it is."""
-    if not _MKL_LOCAL:
-        _MKL_LOCAL.append(_mkl_local())
-    local = _MKL_LOCAL[0]
+    local = _mkl_local()
     if local is None or tracing() or torch.get_num_threads() == 1:
         return op(y, *args)
     before = local(1)
@@ -565,9 +556,10 @@ def vector_math_alone(y: torch.Tensor, op: Any, *args: Any) -> torch.Tensor:
         local(before)
 
 
+@functools.cache
 def _mkl_local() -> Any:
     """MKL_Set_Num_Threads_Local (by value: the C form) where PyTorch links MKL into
-    libtorch_cpu, else None."""
+    libtorch_cpu, else None. (torch.set_num_threads sets this thread-local count too.)"""
     path = Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
     try:
         function = ctypes.CDLL(str(path)).MKL_Set_Num_Threads_Local

@@ -39,7 +39,6 @@
 
 #include <float.h>
 #include <immintrin.h>
-#include <omp.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>

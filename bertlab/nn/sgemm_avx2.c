@@ -32,7 +32,6 @@
            alone, called only where the CPU reports it (else -2, nothing written). */
 
 #include <immintrin.h>
-#include <omp.h>
 #include <stdint.h>
 
 #include "avx2_math.h"
