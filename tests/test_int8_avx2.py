@@ -123,9 +123,10 @@ def test_gelu_and_the_residual_inside_the_kernel(vnni, levels):
     assert torch.equal(avx2.qproduct(x, packed, add=add), plain + add)
     got = avx2.qproduct(x, packed, gelu=True)
     exact = F.gelu(plain.double())
-    # the kernel's GELU (avx2_math.h) is as close as PyTorch's float32 one plus 1.2e-7 relative
-    theirs = (F.gelu(plain).double() - exact).abs()
-    assert ((got.double() - exact).abs() <= theirs.max() + 1.2e-7 * exact.abs()).all()
+    # the kernel's GELU (avx2_math.h) within 1e-6 of the float64 one plus 1.2e-7 relative: the
+    # bar of the float32 kernel's test (tests/test_avx2.py), fixed rather than read from
+    # PyTorch's own GELU, whose error differs between its AVX2 and AVX-512 code
+    assert ((got.double() - exact).abs() <= 1e-6 + 1.2e-7 * exact.abs()).all()
 
 
 @needs_kernel

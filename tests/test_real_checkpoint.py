@@ -107,14 +107,16 @@ def test_padded_batch_matches_transformers(attn, ours, hf_models, tokenizer):
         ref = hf_models[attn](**enc, output_hidden_states=True)
         got = model(**enc, output_hidden_states=True)
     assert len(got.hidden_states) == len(ref.hidden_states) == 7
-    # bertlab's inference products run on oneDNN, its sums ordered differently from the BLAS
-    # transformers calls: within 1e-5 at the real tokens. Padding positions mean nothing (each
-    # layer sends them a little further from the real ones' values); they stay within 1e-4.
+    # bertlab's inference products run on the CPU class's kernels (oneDNN, or bertlab's AVX2
+    # ones), their sums ordered differently from the BLAS transformers calls: within 1e-5 at
+    # the real tokens. Padding positions mean nothing (each layer sends them a little further
+    # from the real ones' values, which reach 9 in size there); they stay within 3e-4 (at most
+    # 1.4e-4 measured, on an AVX2-only EPYC's kernels; 1e-4 on oneDNN's).
     # With fast inference off, every position is equal bit for bit (the test below).
     real = enc["attention_mask"].bool()
     for i, (g, r) in enumerate(zip(got.hidden_states, ref.hidden_states, strict=True)):
         assert_close(g[real], r[real], f"hidden_states[{i}]")
-        assert_close(g[~real], r[~real], f"hidden_states[{i}] at padding", atol=1e-4)
+        assert_close(g[~real], r[~real], f"hidden_states[{i}] at padding", atol=3e-4)
     assert_close(got.last_hidden_state[real], ref.last_hidden_state[real], "last_hidden_state")
     assert_close(got.pooler_output, ref.pooler_output, "pooler_output")
 

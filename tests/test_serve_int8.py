@@ -269,7 +269,10 @@ def test_compile_on_a_cpu_where_the_program_is_not_used_serves_packed_and_says_w
     bertlab.BertTokenizer.from_pretrained(DEFAULT).save_pretrained(tmp_path)
     here = cpu.current().features
     flags = frozenset({"avx512_f", "avx512_bw", "avx512_vl", "avx2", "fma3"})  # (class avx512)
-    avx512 = cpu.policy(replace(here, arch="x86_64", flags=flags), {})
+    # an Intel CPU (Skylake-X): on an AMD one of family 25 these flags would be a Zen 4, whose
+    # policy takes bertlab's AVX-512F kernel, which the CPU running the test may not have
+    skylake = replace(here, arch="x86_64", flags=flags, vendor="GenuineIntel", family=6)
+    avx512 = cpu.policy(skylake, {})
     monkeypatch.setattr(cpu, "_CURRENT", [avx512])
     monkeypatch.setattr(Compiled, "_build", lambda *a: pytest.fail("nothing is compiled here"))
     with pytest.warns(UserWarning, match="Compiled runs the float32 model itself"):
