@@ -6,6 +6,7 @@ name, and where they cannot be built (no compiler, a failed build) a warning and
 products, or, where forced, an error saying why. The policy that chooses them is tested with
 each CPU class simulated (test_cpu.py)."""
 
+import ctypes
 import dataclasses
 import os
 import stat
@@ -713,8 +714,6 @@ SHORT_CALL = 21  # rows: a short sentence (team.c's SHORT: 64)
 
 
 def _waited(*ns):
-    import ctypes
-
     return (ctypes.c_int64 * len(ns))(*ns)
 
 
@@ -733,9 +732,8 @@ def test_a_call_kept_waiting_by_a_thread_off_its_core_holds_the_team_back_then_t
         f.team_waited(_waited(2_000_000, 0), 2, 10_000_000)  # a fifth of a long call: in time
         assert f.team(2, SHORT_CALL) == 2
         f.team_waited(_waited(LATE_NS, 0), 2, CALL_NS)  # thread 0 waited for thread 1
-        assert (
-            f.team(2, SHORT_CALL) == 2
-        )  # (once may be the host's interruption of a virtual machine)
+        # (once may be the host's interruption of a virtual machine)
+        assert f.team(2, SHORT_CALL) == 2
         f.team_waited(_waited(LATE_NS, 0), 2, CALL_NS)  # twice in a row: held back
         assert [f.team(2, SHORT_CALL) for _ in range(16)] == [1] * 16
         assert f.team(2, SHORT_CALL) == 2  # tried again

@@ -281,7 +281,8 @@ def test_the_compiled_systems_are_the_models_behind_compiled(monkeypatch):
     # where Compiled would call the model itself, the row would repeat the uncompiled one
     monkeypatch.setattr(Recorded, "available", staticmethod(lambda: None))
     flags = frozenset({"avx512_f", "avx512_bw", "avx512_vl", "avx2", "fma3"})  # (class avx512)
-    avx512 = replace(here.features, arch="x86_64", flags=flags)
+    # an Intel CPU (Skylake-X), as in test_serve_int8: an AMD one of family 25 would be a Zen 4
+    avx512 = replace(here.features, arch="x86_64", flags=flags, vendor="GenuineIntel", family=6)
     monkeypatch.setattr(cpu, "_CURRENT", [cpu.policy(avx512, {})])
     with pytest.raises(runtimes.Unavailable, match="runs the float32 model itself on this CPU"):
         runtimes.make_runner("bertlab-fp32-compiled", bundled_model_dir(), None, 2)

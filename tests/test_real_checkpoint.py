@@ -110,8 +110,8 @@ def test_padded_batch_matches_transformers(attn, ours, hf_models, tokenizer):
     # bertlab's inference products run on the CPU class's kernels (oneDNN, or bertlab's AVX2
     # ones), their sums ordered differently from the BLAS transformers calls: within 1e-5 at
     # the real tokens. Padding positions mean nothing (each layer sends them a little further
-    # from the real ones' values, which reach 9 in size there); they stay within 3e-4 (at most
-    # 1.4e-4 measured, on an AVX2-only EPYC's kernels; 1e-4 on oneDNN's).
+    # from the real ones' values, which reach 9 in size there); they stay within 3e-4 (within
+    # 1e-4 on oneDNN's products, up to 1.4e-4 on an AVX2-only EPYC's kernels).
     # With fast inference off, every position is equal bit for bit (the test below).
     real = enc["attention_mask"].bool()
     for i, (g, r) in enumerate(zip(got.hidden_states, ref.hidden_states, strict=True)):

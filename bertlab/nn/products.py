@@ -420,9 +420,12 @@ def _fused(
             y = kernel(*args, None, True, inside)
         else:  # (the sum comes after the activation: the norm too)
             y, inside = kernel(*args, None, True, None).add_(residual), None
-    else:  # (PyTorch's activation after the kernel: its vector math on this thread alone)
-        y = avx2.vector_math_alone(kernel(*args, None, False, None), _epilogue, act, residual)
-        inside = None
+    else:
+        y, inside = kernel(*args, None, False, None), None
+        if act is None:  # (at most a residual of another dtype to add)
+            y = _epilogue(y, None, residual)
+        else:  # PyTorch's activation after the kernel: its vector math on this thread alone
+            y = avx2.vector_math_alone(y, _epilogue, act, residual)
     return y if norm is None or inside is not None else norm(y)
 
 
