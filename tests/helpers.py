@@ -1,9 +1,12 @@
 """Shared by the parity, packed-path, product-seam and int8 tests."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from bertlab import BertConfig, BertModel
+from bertlab.nn import cpu
 from bertlab.nn.precision import int8_supported
 
 # int8 runs where this machine has a kernel for it (bertlab.nn.cpu: x86 from AVX2 up, and Arm).
@@ -12,6 +15,15 @@ from bertlab.nn.precision import int8_supported
 needs_int8 = pytest.mark.skipif(
     int8_supported() is not None, reason=f"int8 does not run here: {int8_supported()}"
 )
+
+
+def skylake_x(here: cpu.Features) -> cpu.Features:
+    """The CPU at hand as an Intel Skylake-X: class avx512 (AVX-512 without VNNI), where
+    ``Compiled`` was not measured and runs the model itself. An Intel CPU, because on an AMD one
+    of family 25 these flags are a Zen 4, whose policy takes bertlab's AVX-512F kernel, which the
+    CPU running the test may not have."""
+    flags = frozenset({"avx512_f", "avx512_bw", "avx512_vl", "avx2", "fma3"})
+    return replace(here, arch="x86_64", flags=flags, vendor="GenuineIntel", family=6)
 
 
 def scramble(model: torch.nn.Module, seed: int) -> torch.nn.Module:

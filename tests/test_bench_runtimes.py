@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import skylake_x
 
 from bertlab.bench import runtimes
 from bertlab.bench.runtimes import batches, bench_runtimes, markdown_table, runtime_texts
@@ -280,10 +281,7 @@ def test_the_compiled_systems_are_the_models_behind_compiled(monkeypatch):
         runtimes.make_runner("bertlab-int8-compiled", bundled_model_dir(), None, 2)
     # where Compiled would call the model itself, the row would repeat the uncompiled one
     monkeypatch.setattr(Recorded, "available", staticmethod(lambda: None))
-    flags = frozenset({"avx512_f", "avx512_bw", "avx512_vl", "avx2", "fma3"})  # (class avx512)
-    # an Intel CPU (Skylake-X), as in test_serve_int8: an AMD one of family 25 would be a Zen 4
-    avx512 = replace(here.features, arch="x86_64", flags=flags, vendor="GenuineIntel", family=6)
-    monkeypatch.setattr(cpu, "_CURRENT", [cpu.policy(avx512, {})])
+    monkeypatch.setattr(cpu, "_CURRENT", [cpu.policy(skylake_x(here.features), {})])
     with pytest.raises(runtimes.Unavailable, match="runs the float32 model itself on this CPU"):
         runtimes.make_runner("bertlab-fp32-compiled", bundled_model_dir(), None, 2)
 

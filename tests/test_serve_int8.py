@@ -13,7 +13,7 @@ import torch
 
 pytest.importorskip("starlette", reason="the serve extra (starlette, uvicorn) runs the server")
 pytest.importorskip("httpx", reason="Starlette's test client needs httpx (a test extra)")
-from helpers import needs_int8  # noqa: E402
+from helpers import needs_int8, skylake_x  # noqa: E402
 from starlette.testclient import TestClient  # noqa: E402
 
 import bertlab  # noqa: E402
@@ -267,12 +267,7 @@ def test_compile_on_a_cpu_where_the_program_is_not_used_serves_packed_and_says_w
                              intermediate_size=64, max_position_embeddings=64)  # fmt: skip
     bertlab.BertModel(cfg).eval().save_pretrained(tmp_path)
     bertlab.BertTokenizer.from_pretrained(DEFAULT).save_pretrained(tmp_path)
-    here = cpu.current().features
-    flags = frozenset({"avx512_f", "avx512_bw", "avx512_vl", "avx2", "fma3"})  # (class avx512)
-    # an Intel CPU (Skylake-X): on an AMD one of family 25 these flags would be a Zen 4, whose
-    # policy takes bertlab's AVX-512F kernel, which the CPU running the test may not have
-    skylake = replace(here, arch="x86_64", flags=flags, vendor="GenuineIntel", family=6)
-    avx512 = cpu.policy(skylake, {})
+    avx512 = cpu.policy(skylake_x(cpu.current().features), {})
     monkeypatch.setattr(cpu, "_CURRENT", [avx512])
     monkeypatch.setattr(Compiled, "_build", lambda *a: pytest.fail("nothing is compiled here"))
     with pytest.warns(UserWarning, match="Compiled runs the float32 model itself"):
