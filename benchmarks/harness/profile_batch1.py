@@ -16,7 +16,12 @@ int8 is the model quantize_int8 makes, calibrated as ``bertlab bench runtimes`` 
 called from C++, out of the profiler's sight, so the operator table is taken on the same graph
 built by torch.compile without the C++ wrapper (the same kernels, called from Python, each
 generated one named in the table; its per-call overhead is not Compiled's).
-Uncompiled, it then times the forward's first stages (the input checks, the layout, the
+Uncompiled, it then replaces each product kernel's call by a read of its weights (one byte a
+cache line, by a few lines of C built here with ``cc``), in alternating rounds against the real
+forward, the forward whose kernel calls return at once, and the same reads alone: what the
+Python and PyTorch code between the kernels costs once the weights, streamed from memory by
+every product, have pushed its code and data out of the caches.
+Then it times the forward's first stages (the input checks, the layout, the
 embeddings) and the encoder inside 300 back-to-back forwards and each alone, called again and
 again on the same inputs, and then alone after a sweep of 64 MiB of memory before each call:
 what an operation costs when the products before it have pushed its code and data out of the
@@ -29,8 +34,11 @@ per operator type over 50 calls: the same sentence, the same threads, the other 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
+import shutil
 import statistics
+import subprocess
 import tempfile
 import time
 from collections import defaultdict
@@ -163,6 +171,88 @@ def kernels_share(run, batch: dict) -> None:
     print(f"the same forward with the kernels' calls returning at once: median {idle:.2f} ms")
 
 
+READER = r"""
+#include <stdint.h>
+/* one byte of every 64-byte cache line of n bytes at p, summed so that no load is dropped */
+int64_t bertlab_read(const unsigned char *p, int64_t n) {
+  int64_t s = 0;
+  for (int64_t i = 0; i < n; i += 64) s += p[i];
+  return s;
+}
+"""
+
+
+def weights_read(run, batch: dict, rounds: int = 15, calls: int = 30) -> None:
+    """The forward with each product's kernel call replaced by a read of that product's weights
+    (sgemm: ceil(n/16)*16 x k floats; qgemm: ceil(n/16)*16 x ceil(k/4)*4 bytes; attention,
+    which reads no weights, returning at once), against the real forward, the forward whose
+    calls return at once, and the same reads alone, replayed in the same order, in ``rounds``
+    alternating rounds of ``calls`` calls each (medians). Around the kernels, cache-cold: the
+    reads within the forward less the reads alone."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None or avx2.load() is not None:
+        print("weights read in place of the kernels: not measured (no C compiler, or no kernels)")
+        return
+    lib = avx2._kernels()
+    names = ("sgemm", "qgemm", "attention")
+    real = {name: getattr(lib, name) for name in names}
+    with tempfile.TemporaryDirectory() as tmp:
+        source, built = Path(tmp) / "read.c", Path(tmp) / "read.so"
+        source.write_text(READER)
+        subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-o", str(built), str(source)],
+                       check=True)  # fmt: skip
+        read = ctypes.CDLL(str(built)).bertlab_read
+    read.argtypes, read.restype = (ctypes.c_void_p, ctypes.c_int64), ctypes.c_int64
+    reads: list[tuple[int, int]] = []  # (address, bytes) of one forward's products
+
+    def sgemm(x, rows, k, panels, n, *rest):
+        reads.append((panels, -(-n // 16) * 16 * k * 4))
+        read(*reads[-1])
+        return 0
+
+    def qgemm(x, rows, k, unsmooth, levels, vnni, panels, corr, scale, n, *rest):
+        reads.append((panels, -(-n // 16) * 16 * -(-k // 4) * 4))
+        read(*reads[-1])
+        return 0
+
+    at_once = {name: (lambda *args: 0) for name in names}
+    reading = {"sgemm": sgemm, "qgemm": qgemm, "attention": at_once["attention"]}
+
+    def timed(kernels: dict | None) -> float:
+        for name in names:
+            setattr(lib, name, real[name] if kernels is None else kernels[name])
+        return median_ms(run, batch, calls)
+
+    def replay() -> None:
+        for address, size in one:
+            read(address, size)
+
+    times: dict[str, list[float]] = defaultdict(list)
+    try:
+        timed(reading)
+        one = reads[-(len(reads) // (20 + calls)) :]  # (the last forward's reads)
+        for _ in range(rounds):
+            times["forward"].append(timed(None))
+            times["at once"].append(timed(at_once))
+            times["reads within"].append(timed(reading))
+            times["reads alone"].append(median_ms(lambda **_: replay(), batch, calls))
+    finally:
+        for name in names:
+            setattr(lib, name, real[name])
+    cold = [w - a for w, a in zip(times["reads within"], times["reads alone"], strict=True)]
+    mib = sum(size for _, size in one) / 2**20
+    print(
+        f"weights read in place of the kernels ({len(one)} reads, {mib:.1f} MiB a forward; "
+        f"{rounds} rounds of {calls} calls, medians, ms; quartiles of the rounds):"
+    )
+    rows = [*times.items(), ("around the kernels, cache-cold (within - alone)", cold)]
+    for name, values in rows:
+        q = statistics.quantiles(values, n=4)
+        print(f"  {name:>48}  {statistics.median(values):6.2f}  ({q[0]:.2f}-{q[2]:.2f})")
+    extra = [c - a for c, a in zip(cold, times["at once"], strict=True)]
+    print(f"  {'cache-cold less at once, round by round':>48}  {statistics.median(extra):6.2f}")
+
+
 def stages(model, batch: dict) -> None:
     """The forward's stages inside back-to-back forwards, alone, and alone after a sweep of
     SWEEP_MIB of memory: medians in microseconds."""
@@ -268,6 +358,7 @@ def main() -> None:
     print(f"{args.batch} x {batch['input_ids'].shape[1]} tokens: median {median:.2f} ms")
     if not args.compiled:
         kernels_share(run, batch)
+        weights_read(run, batch)
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
     if not args.compiled:
         stages(model, batch)
