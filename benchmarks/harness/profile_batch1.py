@@ -185,10 +185,11 @@ int64_t bertlab_read(const unsigned char *p, int64_t n) {
 def weights_read(run, batch: dict, rounds: int = 15, calls: int = 30) -> None:
     """The forward with each product's kernel call replaced by a read of that product's weights
     (sgemm: ceil(n/16)*16 x k floats; qgemm: ceil(n/16)*16 x ceil(k/4)*4 bytes; attention,
-    which reads no weights, returning at once), against the real forward, the forward whose
-    calls return at once, and the same reads alone, replayed in the same order, in ``rounds``
-    alternating rounds of ``calls`` calls each (medians). Around the kernels, cache-cold: the
-    reads within the forward less the reads alone."""
+    which reads no weights, returning at once; the embeddings' kernel runs as it is), against
+    the real forward, the forward whose calls return at once, and the same reads alone,
+    replayed in the same order, in ``rounds`` alternating rounds of ``calls`` calls each
+    (medians). Around the kernels, cache-cold: the reads within the forward less the reads
+    alone."""
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None or avx2.load() is not None:
         print("weights read in place of the kernels: not measured (no C compiler, or no kernels)")
@@ -203,7 +204,7 @@ def weights_read(run, batch: dict, rounds: int = 15, calls: int = 30) -> None:
                        check=True)  # fmt: skip
         read = ctypes.CDLL(str(built)).bertlab_read
     read.argtypes, read.restype = (ctypes.c_void_p, ctypes.c_int64), ctypes.c_int64
-    reads: list[tuple[int, int]] = []  # (address, bytes) of one forward's products
+    reads: list[tuple[int, int]] = []  # (address, bytes) of every product's call so far
 
     def sgemm(x, rows, k, panels, n, *rest):
         reads.append((panels, -(-n // 16) * 16 * k * 4))
